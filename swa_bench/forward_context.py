@@ -1,0 +1,73 @@
+"""The forward context: what layers read during one forward besides their inputs.
+
+Layers never take metadata as arguments: a captured graph freezes arguments, so everything that
+changes per step (attention metadata, the replay batch) is read from here when the code runs, and
+graph segments read it only through static buffers. The replay batch runs its layers under a
+context of its own, like a microbatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from swa_bench.model.batch import AttentionMetadata
+    from swa_bench.replay.replay_batch import ReplayBatch
+
+AttentionBackend = Literal["varlen", "static"]
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """The shape a forward runs at: its padded token count, fixed per captured graph."""
+
+    num_tokens: int
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    batch_descriptor: BatchDescriptor
+    # Per-layer metadata overrides: the first replay layer on the replay batch reads the batch's
+    # window KV; the bounded reference masks decoder layers below the kept starts.
+    layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
+    attention_backend: AttentionBackend = "varlen"
+    in_piecewise_graph: bool = False
+    replay_batch: ReplayBatch | None = None
+    timer: object | None = None
+
+    def metadata_for(self, layer: int) -> AttentionMetadata:
+        return self.layer_metadata.get(layer, self.attn_metadata)
+
+
+_current: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    if _current is None:
+        raise RuntimeError("no forward context is set: run the model through set_forward_context")
+    return _current
+
+
+@contextlib.contextmanager
+def set_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    """Installs ``ctx`` for the duration; nests (the replay batch overrides the step's)."""
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous
+
+
+override_forward_context = set_forward_context
+
+
+def in_piecewise_graph() -> bool:
+    return _current is not None and _current.in_piecewise_graph

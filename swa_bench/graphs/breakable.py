@@ -1,0 +1,167 @@
+"""Breakable capture: one forward recorded as graph segments separated by eager breaks.
+
+One capture drives the whole forward. At an eager break the current segment ends, the break's
+function runs eagerly and its outputs are copied into fixed buffers, and the next segment begins
+reading those buffers. Replay runs the recorded segments in order and calls each break's function
+again with the same (static) argument tensors, so a break may look at the step's metadata through
+the forward context while everything captured stays frozen.
+
+Segments are real ``torch.cuda.CUDAGraph`` captures sharing one memory pool on a GPU, and tapes of
+ATen ops (``standin.TapeSegment``) on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class Segment(Protocol):
+    def begin(self) -> None: ...
+    def end(self) -> None: ...
+    def replay(self) -> None: ...
+
+
+class CudaSegment:
+    """A CUDA graph segment; all segments of all sizes share ``pool``."""
+
+    def __init__(self, pool: Any) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def begin(self) -> None:
+        self.graph.capture_begin(pool=self.pool)
+
+    def end(self) -> None:
+        self.graph.capture_end()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class BreakBuffers:
+    """Fixed output buffers of the eager breaks, one per (site, output), allocated once.
+
+    The largest size is captured first, so the first allocation fits every later capture; views
+    of the same buffers serve every size, so their ``data_ptr`` never changes.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[str, int], torch.Tensor] = {}
+
+    def views(self, site: str, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        views = []
+        for i, out in enumerate(outputs):
+            buf = self.buffers.get((site, i))
+            if buf is None:
+                buf = self.buffers[(site, i)] = torch.empty_like(out)
+            if buf.shape[1:] != out.shape[1:] or buf.shape[0] < out.shape[0]:
+                raise RuntimeError(
+                    f"break {site!r} output {i} of shape {tuple(out.shape)} does not fit its "
+                    f"buffer "
+                    f"{tuple(buf.shape)}: capture the largest size first"
+                )
+            views.append(buf[: out.shape[0]])
+        return tuple(views)
+
+
+class _Break:
+    def __init__(self, fn: Callable, args: tuple, outputs: tuple[torch.Tensor, ...]) -> None:
+        self.fn, self.args, self.outputs = fn, args, outputs
+
+    def replay(self) -> None:
+        for buf, out in zip(self.outputs, _as_tuple(self.fn(*self.args)), strict=True):
+            buf.copy_(out)
+
+
+_active: SegmentedCapture | None = None
+
+
+class SegmentedCapture:
+    """One padded size's graph: segments and breaks in the order the forward met them."""
+
+    def __init__(
+        self, new_segment: Callable[[], Segment], buffers: BreakBuffers, *, breaks: bool
+    ) -> None:
+        self.new_segment = new_segment
+        self.buffers = buffers
+        self.breaks = breaks
+        self.steps: list[Segment | _Break] = []
+        self.outputs: Any = None
+        self._open: Segment | None = None
+        self.in_break = False  # breaks met while a break runs eagerly run inline
+
+    @property
+    def num_segments(self) -> int:
+        return sum(not isinstance(s, _Break) for s in self.steps)
+
+    @property
+    def num_breaks(self) -> int:
+        return sum(isinstance(s, _Break) for s in self.steps)
+
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        global _active
+        if _active is not None:
+            raise RuntimeError("captures do not nest")
+        _active = self
+        try:
+            self._begin()
+            self.outputs = fn()
+            self._end()
+        finally:
+            _active = None
+            if self._open is not None:
+                self._open.end()
+                self._open = None
+        return self.outputs
+
+    def replay(self) -> Any:
+        for step in self.steps:
+            step.replay()
+        return self.outputs
+
+    def break_out(self, site: str, fn: Callable, args: tuple) -> Any:
+        self._end()
+        self.in_break = True
+        try:
+            result = fn(*args)
+        finally:
+            self.in_break = False
+        outputs = self.buffers.views(site, _as_tuple(result))
+        for buf, out in zip(outputs, _as_tuple(result), strict=True):
+            buf.copy_(out)
+        self.steps.append(_Break(fn, args, outputs))
+        self._begin()
+        return outputs if isinstance(result, tuple) else outputs[0]
+
+    def _begin(self) -> None:
+        self._open = self.new_segment()
+        self._open.begin()
+
+    def _end(self) -> None:
+        segment, self._open = self._open, None
+        segment.end()
+        self.steps.append(segment)
+
+
+def eager_break(site: str) -> Callable[[Callable], Callable]:
+    """Marks a function as an eager break of PIECEWISE captures (FULL captures run it inline)."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            capture = _active
+            if capture is None or not capture.breaks or capture.in_break:
+                return fn(*args)
+            return capture.break_out(site, fn, args)
+
+        return wrapper
+
+    return decorate
+
+
+def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)

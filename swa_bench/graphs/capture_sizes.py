@@ -1,0 +1,27 @@
+"""Capture sizes and padding a step to one (SPEC section 4)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+
+def default_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default list: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return [s for s in sizes if s <= max_size]
+
+
+def check_capture_sizes(sizes: Sequence[int]) -> None:
+    if not sizes:
+        raise ValueError("capture sizes must not be empty")
+    if any(s < 1 for s in sizes):
+        raise ValueError("capture sizes must be >= 1")
+    if any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError("capture sizes must be strictly increasing (sorted, no duplicates)")
+
+
+def padded_size(num_tokens: int, sizes: Sequence[int]) -> int | None:
+    """The smallest capture size holding ``num_tokens``; None above the largest (run eagerly)."""
+    i = bisect.bisect_left(sizes, num_tokens)
+    return sizes[i] if i < len(sizes) else None

@@ -1,0 +1,167 @@
+"""Model arguments and the named presets.
+
+The layer stack is split at the last KV-source layer ``S = kv_sources[-1]``:
+
+* layers before the first KV source own only a window ring (window-only);
+* layers ``kv_sources[0] .. S-1`` are the encoder: window ring plus compressed KV read from the
+  closest KV source at or before them;
+* layer ``S`` also writes a full-resolution global latent for every token;
+* layers after ``S`` are the decoder: they own nothing but a window ring of ``window`` slots
+  and read S's global KV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int = 256
+    dim: int = 64
+    n_layers: int = 8
+    n_heads: int = 4
+    head_dim: int = 32
+    rope_dim: int = 8
+    q_lora_rank: int = 32
+    o_groups: int = 2
+    o_lora_rank: int = 32
+    window: int = 8
+    kv_sources: list[int] = field(default_factory=lambda: [1, 3])
+    compress_ratio: int = 2
+    n_routed_experts: int = 4
+    n_activated_experts: int = 2
+    n_shared_experts: int = 1
+    moe_inter_dim: int = 32
+    hc_mult: int = 4
+    index_topk: int | None = None
+    index_n_heads: int = 2
+    index_head_dim: int = 16
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    max_seq_len: int = 256
+    max_requests: int = 16
+
+    def __post_init__(self) -> None:
+        self.kv_sources = list(self.kv_sources)
+        problems = self.problems()
+        if problems:
+            field_name, message = problems[0]
+            raise ValueError(f"{field_name}: {message}")
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Every inconsistency as (field, message); empty when the arguments are valid."""
+        out: list[tuple[str, str]] = []
+        positive = (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "head_dim",
+            "q_lora_rank",
+            "o_groups",
+            "o_lora_rank",
+            "window",
+            "compress_ratio",
+            "n_routed_experts",
+            "n_activated_experts",
+            "moe_inter_dim",
+            "hc_mult",
+            "max_seq_len",
+            "max_requests",
+            "index_n_heads",
+            "index_head_dim",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                out.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.n_shared_experts < 0:
+            out.append(("n_shared_experts", "must be >= 0"))
+        if self.rope_dim < 0 or self.rope_dim > self.head_dim or self.rope_dim % 2:
+            out.append(("rope_dim", f"must be even and in [0, head_dim={self.head_dim}]"))
+        if self.n_activated_experts > self.n_routed_experts:
+            out.append(("n_activated_experts", "must not exceed n_routed_experts"))
+        if self.n_heads % max(self.o_groups, 1):
+            out.append(("o_groups", f"must divide n_heads={self.n_heads}"))
+        if not self.kv_sources:
+            out.append(("kv_sources", "needs at least one KV-source layer"))
+        elif sorted(set(self.kv_sources)) != self.kv_sources:
+            out.append(("kv_sources", "must be sorted and without duplicates"))
+        elif self.kv_sources[0] < 0 or self.kv_sources[-1] >= self.n_layers:
+            out.append(("kv_sources", f"layers must lie in [0, n_layers={self.n_layers})"))
+        if self.index_topk is not None and self.index_topk < 1:
+            out.append(("index_topk", "must be >= 1 or null (dense causal)"))
+        return out
+
+    @property
+    def last_kv_source(self) -> int:
+        """S: the last layer whose KV later layers read."""
+        return self.kv_sources[-1]
+
+    @property
+    def n_decoder_layers(self) -> int:
+        """D: the layers after S, which own only window KV."""
+        return self.n_layers - self.last_kv_source - 1
+
+    def kv_source_for(self, layer: int) -> int | None:
+        """The closest KV source at or before ``layer`` (None for window-only layers)."""
+        before = [s for s in self.kv_sources if s <= layer]
+        return before[-1] if before else None
+
+    def replace(self, **overrides) -> ModelArgs:
+        return dataclasses.replace(self, **overrides)
+
+
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(),
+    "small": ModelArgs(
+        vocab_size=1024,
+        dim=256,
+        n_layers=12,
+        n_heads=8,
+        head_dim=64,
+        rope_dim=16,
+        q_lora_rank=128,
+        o_groups=4,
+        o_lora_rank=128,
+        window=32,
+        kv_sources=[2, 4, 6],
+        n_routed_experts=8,
+        n_activated_experts=2,
+        moe_inter_dim=128,
+        hc_mult=4,
+        max_seq_len=4096,
+        max_requests=32,
+    ),
+    # V4.1-Flash per-layer sizes (SPEC section 1) with fewer layers and experts: 12 layers split as
+    # the real 40 are (window-only, encoder with sources, S near the middle, a decoder tail).
+    "v41-flash-shape": ModelArgs(
+        vocab_size=129280,
+        dim=5120,
+        n_layers=12,
+        n_heads=64,
+        head_dim=512,
+        rope_dim=64,
+        q_lora_rank=1280,
+        o_groups=8,
+        o_lora_rank=1024,
+        window=128,
+        kv_sources=[2, 4, 6],
+        n_routed_experts=8,
+        n_activated_experts=6,
+        n_shared_experts=1,
+        moe_inter_dim=2304,
+        hc_mult=4,
+        max_seq_len=65536 + 256,
+        max_requests=8,
+    ),
+}
+
+MODEL_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ModelArgs))
+
+
+def build_args(preset: str | None, overrides: dict | None = None) -> ModelArgs:
+    """A preset's arguments with ``overrides`` applied (no preset starts from the defaults)."""
+    base = PRESETS[preset] if preset else ModelArgs()
+    return base.replace(**(overrides or {}))

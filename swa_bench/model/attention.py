@@ -1,0 +1,187 @@
+"""Attention kernels: one softmax over a row's window KV and the global (or compressed) KV it sees.
+
+Two implementations compute the same function:
+
+* ``varlen_attention`` loops over requests with host integers and chunks queries, slicing keys
+  causally; it is the eager path (and the eager break of PIECEWISE graphs). PyTorch's fused SDPA
+  does not take head dim 512, so this is the chunked path SPEC section 5 asks for.
+* ``static_attention`` reads only device metadata and gathers each row's keys at static shapes, so a
+  FULL graph can capture it. It costs O(rows x max_seq_len) memory: FULL graphs are for small steps.
+
+Both read the window ring before this call's writes and write the ring afterwards: a step's early
+rows need positions the step itself overwrites.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swa_bench.model.batch import AttentionMetadata
+from swa_bench.model.cache import KVCache
+
+SCORE_BUDGET = 1 << 27  # fp32 score elements per chunk (512 MiB)
+
+
+@dataclass(frozen=True)
+class GlobalKV:
+    """What a layer reads besides its window: nothing, S's latent, or a source's pooled latent."""
+
+    source: int | None
+    ratio: int = 1  # 1: full resolution (S and the decoder); > 1: compressed (the encoder)
+
+
+def _softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
+    """Normalises score blocks ``[..., H, n_i]`` together with a per-head sink logit."""
+    shape = parts[0].shape[:-1]
+    sink_col = sink.float().view(*([1] * (len(shape) - 1)), -1, 1).expand(*shape, 1)
+    probs = torch.softmax(torch.cat([*parts, sink_col], dim=-1), dim=-1)
+    return list(probs.split([p.shape[-1] for p in parts] + [1], dim=-1))[:-1]
+
+
+def _shared_key_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float):
+    """Scores of rows ``q [C, H, D]`` against keys all rows share, ``k [n, D]``; mask ``[C, n]``."""
+    c, h, d = q.shape
+    s = (q.reshape(c * h, d) @ k.t()).view(c, h, -1).float() * scale
+    return s.masked_fill(~mask[:, None, :], float("-inf"))
+
+
+def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    c, h, n = p.shape
+    return (p.reshape(c * h, n).to(v.dtype) @ v).view(c, h, -1)
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    meta: AttentionMetadata,
+    cache: KVCache,
+    layer: int,
+    global_kv: GlobalKV,
+    sink: torch.Tensor,
+) -> torch.Tensor:
+    """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
+    window = cache.args.window
+    scale = q.shape[-1] ** -0.5
+    out = torch.zeros_like(q)
+    ring = cache.ring[layer]
+    for lay in meta.layouts:
+        if lay.q_len == 0:
+            continue
+        ring_base = lay.cache_index * window
+        glob = None
+        if global_kv.source is not None:
+            full = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
+            if global_kv.ratio > 1:
+                n = lay.seq_len // global_kv.ratio
+                full = (
+                    full[: n * global_kv.ratio].view(n, global_kv.ratio, full.shape[-1]).mean(dim=1)
+                )
+            glob = full
+        n_glob_max = 0 if glob is None else glob.shape[0]
+        heads = q.shape[1]
+        chunk = max(1, min(lay.q_len, SCORE_BUDGET // (heads * (n_glob_max + 2 * window) + 1)))
+        for c0 in range(0, lay.q_len, chunk):
+            c1 = min(lay.q_len, c0 + chunk)
+            p0, p1 = lay.q_first_pos + c0, lay.q_first_pos + c1  # query positions [p0, p1)
+            qc = q[lay.q_start + c0 : lay.q_start + c1]
+            qpos = torch.arange(p0, p1, device=q.device)
+
+            lo = max(lay.window_start, p0 - window + 1, 0)
+            ring_hi = min(lay.kv_first_pos, p1)
+            win_keys = []
+            if lo < ring_hi:
+                slots = ring_base + torch.arange(lo, ring_hi, device=q.device) % window
+                win_keys.append(ring.index_select(0, slots))
+            kv_lo = max(lo, lay.kv_first_pos)
+            row0 = lay.kv_start + (kv_lo - lay.kv_first_pos)
+            win_keys.append(kv[row0 : row0 + (p1 - kv_lo)])
+            k_win = torch.cat(win_keys) if len(win_keys) > 1 else win_keys[0]
+            kpos = torch.arange(lo, p1, device=q.device)
+            dist = qpos[:, None] - kpos[None, :]
+            win_mask = (dist >= 0) & (dist < window)
+            parts, values = [_shared_key_scores(qc, k_win, win_mask, scale)], [k_win]
+
+            if glob is not None:
+                if global_kv.ratio > 1:
+                    n = min(p1 // global_kv.ratio, glob.shape[0])
+                    gpos = torch.arange(n, device=q.device)
+                    g_mask = gpos[None, :] < ((qpos + 1) // global_kv.ratio)[:, None]
+                else:
+                    n = p1
+                    gpos = torch.arange(n, device=q.device)
+                    g_mask = gpos[None, :] <= qpos[:, None]
+                if n > 0:
+                    parts.append(_shared_key_scores(qc, glob[:n], g_mask, scale))
+                    values.append(glob[:n])
+
+            probs = _softmax_with_sink(parts, sink)
+            o = sum(_shared_key_values(p, v) for p, v in zip(probs, values, strict=True))
+            out[lay.q_start + c0 : lay.q_start + c1] = o
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return out
+
+
+STATIC_ROW_CHUNK = 64
+
+
+def static_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    meta: AttentionMetadata,
+    cache: KVCache,
+    layer: int,
+    global_kv: GlobalKV,
+    sink: torch.Tensor,
+) -> torch.Tensor:
+    """The same function from device metadata alone: no host reads, static shapes (capturable)."""
+    args = cache.args
+    window, max_seq = args.window, args.max_seq_len
+    scale = q.shape[-1] ** -0.5
+    ring = cache.ring[layer]
+    keys_src = torch.cat([ring, kv])
+    req = meta.row_request
+    pos = meta.positions
+    offs = torch.arange(window, device=q.device)
+    kpos = pos[:, None] - offs[None, :]
+    from_kv = kpos >= meta.kv_first_pos[req][:, None]
+    kv_idx = (
+        ring.shape[0] + meta.kv_row_start[req][:, None] + (kpos - meta.kv_first_pos[req][:, None])
+    )
+    ring_idx = meta.cache_index[req][:, None] * window + kpos.remainder(window)
+    win_mask = (kpos >= meta.window_start[req][:, None]) & (kpos >= 0)
+    win_idx = torch.where(win_mask, torch.where(from_kv, kv_idx, ring_idx), 0)
+
+    glob = None
+    if global_kv.source is not None:
+        latent = cache.latent[global_kv.source][: args.max_requests * max_seq]
+        glob = latent.view(args.max_requests, max_seq, -1)
+        if global_kv.ratio > 1:
+            n = max_seq // global_kv.ratio
+            glob = glob[:, : n * global_kv.ratio].reshape(args.max_requests, n, global_kv.ratio, -1)
+            glob = glob.mean(dim=2)
+        gpos = torch.arange(glob.shape[1], device=q.device)
+        if global_kv.ratio > 1:
+            g_mask = gpos[None, :] < ((pos + 1) // global_kv.ratio)[:, None]
+        else:
+            g_mask = gpos[None, :] <= pos[:, None]
+        g_mask = g_mask & (gpos[None, :] * global_kv.ratio < meta.seq_len[req][:, None])
+
+    outs = []
+    for r0 in range(0, q.shape[0], STATIC_ROW_CHUNK):
+        rows = slice(r0, r0 + STATIC_ROW_CHUNK)
+        qc = q[rows]
+        k_win = keys_src[win_idx[rows]]
+        parts = [torch.bmm(qc, k_win.transpose(1, 2)).float() * scale]
+        parts[0] = parts[0].masked_fill(~win_mask[rows][:, None, :], float("-inf"))
+        values = [k_win]
+        if glob is not None:
+            k_glob = glob[meta.cache_index[req[rows]]]
+            s = torch.bmm(qc, k_glob.transpose(1, 2)).float() * scale
+            parts.append(s.masked_fill(~g_mask[rows][:, None, :], float("-inf")))
+            values.append(k_glob)
+        probs = _softmax_with_sink(parts, sink)
+        outs.append(sum(torch.bmm(p.to(v.dtype), v) for p, v in zip(probs, values, strict=True)))
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return torch.cat(outs)

@@ -1,0 +1,247 @@
+"""A step as a serving engine packs it, and the attention metadata of a batch of rows.
+
+Rows are packed request after request. Attention metadata separates the query rows (the rows a
+forward runs on) from the key rows (the rows whose window KV this forward computed): they are the
+same rows except for the first replay layer on the replay batch, whose keys are every batch row.
+
+Caches are flat tensors with a trash row at the end: a row that must not write (a padded row, a row
+below a request's last W) writes its slot ``-1``, mapped to the trash row, so writes keep a static
+shape inside captured graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.requests import RequestSpec
+from swa_bench.replay.row_selection import batch_window_start, query_starts
+
+NO_WINDOW = 1 << 40  # window start of the dummy request that padded rows belong to: reads nothing
+
+
+@dataclass(frozen=True)
+class RequestLayout:
+    """Where one request's query and key rows sit, in host integers (eager kernels loop on it)."""
+
+    cache_index: int
+    q_start: int
+    q_len: int
+    q_first_pos: int
+    kv_start: int
+    kv_len: int
+    kv_first_pos: int
+    window_start: int
+    context_len: int
+    seq_len: int
+
+
+@dataclass
+class AttentionMetadata:
+    """Device tensors of one attention call; per-request arrays end with a dummy request."""
+
+    positions: torch.Tensor  # [q rows] position of each query row
+    row_request: torch.Tensor  # [q rows] request index; padded rows -> the dummy
+    window_start: torch.Tensor  # [requests + 1] lowest position whose window KV may be read
+    kv_first_pos: torch.Tensor  # [requests + 1] position of the request's first key row
+    kv_row_start: torch.Tensor  # [requests + 1] index of that key row
+    seq_len: torch.Tensor  # [requests + 1]
+    cache_index: torch.Tensor  # [requests + 1]
+    ring_slot: torch.Tensor  # [kv rows] flat ring slot each key row writes (trash: none)
+    global_slot: torch.Tensor  # [kv rows] flat global slot of each key row (trash: none)
+    layouts: tuple[RequestLayout, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return self.positions.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layouts"}
+
+    def copy_into(self, static: AttentionMetadata) -> AttentionMetadata:
+        """Copies every tensor into ``static``'s buffers (same shapes) and returns ``static`` with
+        this step's host layouts: graph segments read the buffers, eager breaks the layouts."""
+        for name, src in self.tensors().items():
+            getattr(static, name).copy_(src, non_blocking=True)
+        return replace(static, layouts=self.layouts)
+
+
+def make_metadata(
+    layouts: Sequence[RequestLayout],
+    *,
+    num_q_rows: int,
+    num_kv_rows: int,
+    args: ModelArgs,
+    device: torch.device,
+    num_request_slots: int | None = None,
+    writes: bool = True,
+) -> AttentionMetadata:
+    """Builds the tensors on the host in one pass and moves them with one copy each.
+
+    ``num_request_slots`` fixes the per-request arrays' length (graphs need it static); the dummy
+    request takes the last slot. ``writes=False`` sends every write to the trash row (capture and
+    warm-up run on dummy batches and must not touch the caches).
+    """
+    slots = num_request_slots if num_request_slots is not None else len(layouts) + 1
+    if slots < len(layouts) + 1:
+        raise ValueError(f"{len(layouts)} requests need {len(layouts) + 1} request slots")
+    dummy = slots - 1
+    window, max_seq = args.window, args.max_seq_len
+    ring_trash, global_trash = args.max_requests * window, args.max_requests * max_seq
+
+    positions = torch.zeros(num_q_rows, dtype=torch.long)
+    row_request = torch.full((num_q_rows,), dummy, dtype=torch.long)
+    ring_slot = torch.full((num_kv_rows,), ring_trash, dtype=torch.long)
+    global_slot = torch.full((num_kv_rows,), global_trash, dtype=torch.long)
+    per_request = torch.zeros(5, slots, dtype=torch.long)
+    per_request[0, dummy] = NO_WINDOW
+    for i, lay in enumerate(layouts):
+        q_rows = slice(lay.q_start, lay.q_start + lay.q_len)
+        positions[q_rows] = torch.arange(lay.q_first_pos, lay.q_first_pos + lay.q_len)
+        row_request[q_rows] = i
+        if writes:
+            kv_rows = slice(lay.kv_start, lay.kv_start + lay.kv_len)
+            kv_pos = torch.arange(lay.kv_first_pos, lay.kv_first_pos + lay.kv_len)
+            global_slot[kv_rows] = lay.cache_index * max_seq + kv_pos
+            ring_slot[kv_rows] = torch.where(
+                kv_pos >= lay.seq_len - window,
+                lay.cache_index * window + kv_pos % window,
+                ring_trash,
+            )
+        per_request[:, i] = torch.tensor(
+            [lay.window_start, lay.kv_first_pos, lay.kv_start, lay.seq_len, lay.cache_index]
+        )
+    window_start, kv_first_pos, kv_row_start, seq_len, cache_index = per_request
+
+    def as_tensor(values: torch.Tensor) -> torch.Tensor:
+        return values.to(device, non_blocking=True)
+
+    return AttentionMetadata(
+        positions=as_tensor(positions),
+        row_request=as_tensor(row_request),
+        window_start=as_tensor(window_start),
+        kv_first_pos=as_tensor(kv_first_pos),
+        kv_row_start=as_tensor(kv_row_start),
+        seq_len=as_tensor(seq_len),
+        cache_index=as_tensor(cache_index),
+        ring_slot=as_tensor(ring_slot),
+        global_slot=as_tensor(global_slot),
+        layouts=tuple(layouts),
+    )
+
+
+@dataclass
+class StepBatch:
+    """One packed step: token ids, the batch's attention metadata, the rows whose logits return."""
+
+    requests: tuple[RequestSpec, ...]
+    cache_indices: tuple[int, ...]
+    input_ids: torch.Tensor  # [padded rows]
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor  # [logit slots]
+    num_logits: int
+    num_tokens: int
+
+    @property
+    def num_padded(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def query_starts(self) -> list[int]:
+        return query_starts(self.requests)
+
+    def logit_rows(self) -> list[tuple[int, int]]:
+        """(request index, position) of each returned logits row, in order."""
+        rows = []
+        for i, lay in enumerate(self.metadata.layouts):
+            first = 0 if self.requests[i].prompt_logprobs else lay.q_len - 1
+            rows.extend((i, lay.q_first_pos + j) for j in range(first, lay.q_len))
+        return rows
+
+    def copy_into(self, static: StepBatch) -> StepBatch:
+        """This step in ``static``'s buffers (equal padded shapes)."""
+        static.input_ids.copy_(self.input_ids, non_blocking=True)
+        static.logits_indices.copy_(self.logits_indices, non_blocking=True)
+        return replace(
+            self,
+            input_ids=static.input_ids,
+            logits_indices=static.logits_indices,
+            metadata=self.metadata.copy_into(static.metadata),
+        )
+
+
+def build_step(
+    requests: Sequence[RequestSpec],
+    token_ids: Sequence[Sequence[int]],
+    cache_indices: Sequence[int],
+    args: ModelArgs,
+    device: torch.device,
+    *,
+    pad_to: int | None = None,
+    logit_slots: int | None = None,
+    writes: bool = True,
+) -> StepBatch:
+    """Packs ``requests`` (their tokens for this step) into a batch of ``pad_to`` rows.
+
+    Padded rows take token 0 at position 0 and write nothing; ``logit_slots`` pads the logits
+    indices (to row 0) so a captured graph computes a fixed number of logits rows.
+    """
+    if len({*cache_indices}) != len(cache_indices):
+        raise ValueError("two requests of one step share a cache index")
+    starts = query_starts(requests)
+    num_tokens = starts[-1]
+    padded = num_tokens if pad_to is None else pad_to
+    if padded < num_tokens:
+        raise ValueError(f"cannot pad {num_tokens} tokens to {padded}")
+    layouts = []
+    ids = [0] * padded
+    logits_indices: list[int] = []
+    for i, (req, toks, ci) in enumerate(zip(requests, token_ids, cache_indices, strict=True)):
+        if len(toks) != req.query_len:
+            raise ValueError(f"request {i}: {len(toks)} tokens for {req.query_len} rows")
+        if req.seq_len > args.max_seq_len or not 0 <= ci < args.max_requests:
+            raise ValueError(f"request {i} does not fit the caches (seq_len {req.seq_len})")
+        ids[starts[i] : starts[i + 1]] = toks
+        layouts.append(
+            RequestLayout(
+                cache_index=ci,
+                q_start=starts[i],
+                q_len=req.query_len,
+                q_first_pos=req.context_len,
+                kv_start=starts[i],
+                kv_len=req.query_len,
+                kv_first_pos=req.context_len,
+                window_start=batch_window_start(req.context_len, args.window),
+                context_len=req.context_len,
+                seq_len=req.seq_len,
+            )
+        )
+        first = starts[i] if req.prompt_logprobs else starts[i + 1] - 1
+        logits_indices.extend(range(first, starts[i + 1]))
+    num_logits = len(logits_indices)
+    if logit_slots is not None:
+        if logit_slots < num_logits:
+            raise ValueError(f"{num_logits} logits rows exceed {logit_slots} slots")
+        logits_indices += [0] * (logit_slots - num_logits)
+    slots = None if pad_to is None else args.max_requests + 1
+    metadata = make_metadata(
+        layouts,
+        num_q_rows=padded,
+        num_kv_rows=padded,
+        args=args,
+        device=device,
+        num_request_slots=slots,
+        writes=writes,
+    )
+    return StepBatch(
+        requests=tuple(requests),
+        cache_indices=tuple(cache_indices),
+        input_ids=torch.tensor(ids, dtype=torch.long).to(device),
+        metadata=metadata,
+        logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device),
+        num_logits=num_logits,
+        num_tokens=num_tokens,
+    )

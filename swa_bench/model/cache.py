@@ -1,0 +1,59 @@
+"""The caches a DeepSeek-V4.1-style stack keeps between steps.
+
+* every layer owns a window ring of W slots per request (slot = position mod W);
+* every KV-source layer keeps its latent for every position: S's is the full-resolution global KV
+  the decoder reads, the others' are pooled into compressed KV for the encoder.
+
+Both are flat ``[rows + 1, head_dim]`` tensors whose last row is the trash slot (see batch.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swa_bench.model.args import ModelArgs
+
+
+class KVCache:
+    def __init__(self, args: ModelArgs, device: torch.device, dtype: torch.dtype) -> None:
+        self.args = args
+        ring_rows = args.max_requests * args.window + 1
+        global_rows = args.max_requests * args.max_seq_len + 1
+        self.ring = [
+            torch.zeros(ring_rows, args.head_dim, device=device, dtype=dtype)
+            for _ in range(args.n_layers)
+        ]
+        self.latent = {
+            s: torch.zeros(global_rows, args.head_dim, device=device, dtype=dtype)
+            for s in args.kv_sources
+        }
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every cache by name, without the trash rows: the state a step leaves behind."""
+        out = {f"ring.{i}": t[:-1] for i, t in enumerate(self.ring)}
+        out.update({f"latent.{s}": t[:-1] for s, t in self.latent.items()})
+        return out
+
+    def _raw(self) -> list[torch.Tensor]:
+        return [*self.ring, *self.latent.values()]
+
+    def ring_window(self, layer: int, cache_index: int) -> torch.Tensor:
+        """The request's W ring slots of ``layer`` (slot = position mod W)."""
+        w = self.args.window
+        return self.ring[layer][cache_index * w : (cache_index + 1) * w]
+
+    def latent_rows(self, source: int, cache_index: int, length: int) -> torch.Tensor:
+        """Positions ``[0, length)`` of a KV source's latent for one request."""
+        base = cache_index * self.args.max_seq_len
+        return self.latent[source][base : base + length]
+
+    def clone(self) -> KVCache:
+        other = KVCache.__new__(KVCache)
+        other.args = self.args
+        other.ring = [t.clone() for t in self.ring]
+        other.latent = {s: t.clone() for s, t in self.latent.items()}
+        return other
+
+    def copy_from(self, other: KVCache) -> None:
+        for mine, theirs in zip(self._raw(), other._raw(), strict=True):
+            mine.copy_(theirs)

@@ -1,0 +1,322 @@
+"""A DeepSeek-V4.1-style layer stack in plain PyTorch, readable top to bottom.
+
+    tokens -> embedding -> mHC streams
+      -> window-only layers (window ring)
+      -> encoder layers (window ring + compressed KV of the closest KV source)
+      -> layer S: write batch KV (its latent for every row) | the rest of S
+      -> decoder layers (window ring + S's global KV)          } the replay layers
+      -> head on the logits rows
+
+Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
+one softmax with a per-head sink. K and V are one shared latent (MQA) with partial RoPE. A layer's
+input is ``hc_mult`` residual streams (mHC), a tuple of tensors. Layers read per-step metadata
+from the forward context only, so the same code runs eagerly, in graph segments and in the replay
+batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swa_bench.forward_context import get_forward_context
+from swa_bench.graphs.breakable import eager_break
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
+from swa_bench.model.cache import KVCache
+from swa_bench.replay.replay_layers import DecoderReplayLayers
+
+Streams = tuple[torch.Tensor, ...]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, rope_dim: int, theta: float
+) -> torch.Tensor:
+    """Rotates the last ``rope_dim`` features of ``x [T, ..., D]`` by each row's position."""
+    if rope_dim == 0:
+        return x
+    half = rope_dim // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.float()[:, None] * freqs[None, :]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    cos, sin = angles.cos().view(shape), angles.sin().view(shape)
+    rest, rot = x[..., :-rope_dim], x[..., -rope_dim:].float()
+    a, b = rot[..., :half], rot[..., half:]
+    rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1).to(x.dtype)
+    return torch.cat([rest, rotated], dim=-1)
+
+
+class HyperConnection(nn.Module):
+    """mHC around one sublayer: mixes the streams into its input and writes its output back.
+
+    ``pre`` takes a per-row weighted sum of the streams (dynamic weights from the normed streams);
+    ``post`` mixes the streams with a doubly-stochastic matrix and adds the sublayer output with
+    per-row, per-stream gains. ``hc_mult == 1`` is a plain pre-norm residual.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        hc, self.hc = args.hc_mult, args.hc_mult
+        if hc > 1:
+            self.norm = RMSNorm(hc * args.dim, args.norm_eps)
+            self.dynamic = nn.Linear(hc * args.dim, 2 * hc, bias=False)
+            self.static_pre = nn.Parameter(torch.zeros(hc))
+            self.static_post = nn.Parameter(torch.zeros(hc))
+            self.res_logits = nn.Parameter(torch.zeros(hc, hc))
+
+    def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.hc == 1:
+            return streams[0], None
+        x = torch.stack(streams, dim=1)
+        gains = self.dynamic(self.norm(x.flatten(1))).float()
+        pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
+        post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
+        mixed = (pre[..., None] * x.float()).sum(dim=1).to(x.dtype)
+        return mixed, post
+
+    def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
+        if self.hc == 1:
+            return (streams[0] + out,)
+        x = torch.stack(streams, dim=1).float()
+        mix = sinkhorn(self.res_logits.float())
+        y = torch.einsum("ij,tjd->tid", mix, x) + post[..., None] * out.float()[:, None, :]
+        return tuple(y.to(out.dtype).unbind(dim=1))
+
+
+def sinkhorn(logits: torch.Tensor, iters: int = 8) -> torch.Tensor:
+    """A doubly-stochastic matrix from logits: residual mixing keeps the streams' total mass."""
+    m = logits.exp()
+    for _ in range(iters):
+        m = m / m.sum(dim=1, keepdim=True)
+        m = m / m.sum(dim=0, keepdim=True)
+    return m
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.args, self.layer = args, layer
+        self.n_heads, self.head_dim = args.n_heads, args.head_dim
+        self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(args.q_lora_rank, args.norm_eps)
+        self.wq_b = nn.Linear(args.q_lora_rank, args.n_heads * args.head_dim, bias=False)
+        self.wkv = nn.Linear(args.dim, args.head_dim, bias=False)
+        self.kv_norm = RMSNorm(args.head_dim, args.norm_eps)
+        group_in = args.n_heads // args.o_groups * args.head_dim
+        self.wo_a = nn.Parameter(torch.empty(args.o_groups, group_in, args.o_lora_rank))
+        self.wo_b = nn.Linear(args.o_groups * args.o_lora_rank, args.dim, bias=False)
+        self.sink = nn.Parameter(torch.zeros(args.n_heads))
+        source = args.kv_source_for(layer)
+        self.writes_latent = layer in args.kv_sources
+        if source is None:
+            self.global_kv = GlobalKV(None)
+        elif layer >= args.last_kv_source:
+            self.global_kv = GlobalKV(args.last_kv_source)
+        else:
+            self.global_kv = GlobalKV(source, args.compress_ratio)
+        self.cache: KVCache | None = None
+
+    def project_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared K=V latent of every row; a KV source also writes it to its latent cache."""
+        ctx = get_forward_context()
+        kv = apply_rope(
+            self.kv_norm(self.wkv(x)),
+            ctx.attn_metadata.positions,
+            self.args.rope_dim,
+            self.args.rope_theta,
+        )
+        if self.writes_latent:
+            self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
+        return kv
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
+        """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
+        meta = get_forward_context().metadata_for(self.layer)
+        q = self.wq_b(self.q_norm(self.wq_a(x))).view(-1, self.n_heads, self.head_dim)
+        q = apply_rope(q, meta.positions, self.args.rope_dim, self.args.rope_theta)
+        if kv is None:
+            kv = self.project_kv(x)
+        o = attention_op(q, kv, self.layer, self)
+        o = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1])
+        o = torch.einsum("tgi,gir->tgr", o, self.wo_a)
+        return self.wo_b(o.flatten(1))
+
+
+@eager_break("attention")
+def attention_op(q: torch.Tensor, kv: torch.Tensor, layer: int, attn: Attention) -> torch.Tensor:
+    """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata)."""
+    ctx = get_forward_context()
+    kernel = static_attention if ctx.attention_backend == "static" else varlen_attention
+    return kernel(q, kv, ctx.metadata_for(layer), attn.cache, layer, attn.global_kv, attn.sink)
+
+
+class MoE(nn.Module):
+    """Top-k routed experts plus shared experts.
+
+    Every expert runs on every row and unselected experts get a zero gate: the result is exactly
+    top-k routing, at static shapes a captured graph can hold (three GEMMs over the concatenated
+    experts rather than a data-dependent token shuffle).
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
+        inter = self.inter = args.moe_inter_dim
+        self.gate = nn.Linear(args.dim, args.n_routed_experts, bias=False)
+        self.w13 = nn.Linear(args.dim, 2 * args.n_routed_experts * inter, bias=False)
+        self.w2 = nn.Linear(args.n_routed_experts * inter, args.dim, bias=False)
+        shared = args.n_shared_experts * inter
+        self.shared_w13 = nn.Linear(args.dim, 2 * shared, bias=False) if shared else None
+        self.shared_w2 = nn.Linear(shared, args.dim, bias=False) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.sigmoid(self.gate(x).float())
+        top = scores.topk(self.top_k, dim=-1)
+        gates = torch.zeros_like(scores).scatter(-1, top.indices, top.values)
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+        w1, w3 = self.w13(x).view(x.shape[0], 2, self.n_experts, self.inter).unbind(dim=1)
+        h = (F.silu(w1) * w3 * gates.to(x.dtype)[..., None]).flatten(1)
+        out = self.w2(h)
+        if self.shared_w13 is not None:
+            s1, s3 = self.shared_w13(x).chunk(2, dim=-1)
+            out = out + self.shared_w2(F.silu(s1) * s3)
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.attn_hc, self.ffn_hc = HyperConnection(args), HyperConnection(args)
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attn = Attention(args, layer)
+        self.moe = MoE(args)
+
+    def forward(self, streams: Streams) -> Streams:
+        x, post = self.attn_hc.pre(streams)
+        return self.finish(streams, self.attn_norm(x), post)
+
+    def write_batch_kv(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer S's part that runs on every row: its attention input and its KV for every row."""
+        x, post = self.attn_hc.pre(streams)
+        x = self.attn_norm(x)
+        return x, post, self.attn.project_kv(x)
+
+    def finish(
+        self,
+        streams: Streams,
+        x: torch.Tensor,
+        post: torch.Tensor | None,
+        kv: torch.Tensor | None = None,
+    ) -> Streams:
+        streams = self.attn_hc.post(streams, self.attn(x, kv), post)
+        h, post = self.ffn_hc.pre(streams)
+        return self.ffn_hc.post(streams, self.moe(self.ffn_norm(h)), post)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.replay_layers = DecoderReplayLayers(
+            window=args.window,
+            run_layers=self.run_replay_layers,
+        )
+        self.cache: KVCache | None = None
+
+    @property
+    def last_kv_source(self) -> Block:
+        return self.layers[self.args.last_kv_source]
+
+    def attach_cache(self, cache: KVCache) -> None:
+        self.cache = cache
+        for block in self.layers:
+            block.attn.cache = cache
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams]:
+        """Logits at the context's logits rows, and the final streams of every row."""
+        x = self.embed(input_ids)
+        streams: Streams = tuple(x.clone() for _ in range(self.args.hc_mult))
+        for block in self.layers[: self.args.last_kv_source]:
+            streams = block(streams)
+        x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)
+        streams = self.replay_layers(kv_s, *streams, x_s, post_s)
+        return self.compute_logits(streams), streams
+
+    def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor) -> Streams:
+        """The rest of S and the decoder on the rows given (the batch, or the replay batch).
+
+        ``kv_s`` is S's KV of every batch row; the other inputs are per-row: the mHC streams,
+        S's attention input and its post gains.
+        """
+        hc = self.args.hc_mult
+        streams, x_s, post_s = tuple(inputs[:hc]), inputs[hc], inputs[hc + 1]
+        streams = self.last_kv_source.finish(streams, x_s, post_s if hc > 1 else None, kv_s)
+        for block in self.layers[self.args.last_kv_source + 1 :]:
+            streams = block(streams)
+        return streams
+
+    def compute_logits(self, streams: Streams) -> torch.Tensor:
+        rows = get_forward_context().logits_indices
+        picked = torch.stack([s.index_select(0, rows) for s in streams], dim=1)
+        weights = torch.softmax(self.head_hc.float(), dim=0)
+        h = (picked.float() * weights[None, :, None]).sum(dim=1).to(picked.dtype)
+        return self.head(self.norm(h)).float()
+
+
+def init_weights(model: Transformer, seed: int) -> None:
+    """Dummy weights from a seed, drawn where the model lives (a V4.1-shape model has billions),
+    scaled so activations stay near unit size at any depth."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+                continue
+            p.normal_(generator=gen)
+            if name.endswith(("sink", "res_logits", "static_pre", "static_post", "head_hc")):
+                p.mul_(0.5)
+            elif name != "embed.weight":
+                fan_in = p.shape[-2] if name.endswith("wo_a") else p.shape[-1]
+                p.mul_(1 / math.sqrt(fan_in))
+
+
+def build_model(
+    args: ModelArgs,
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Transformer, KVCache]:
+    """A model with seeded dummy weights and empty caches."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to_empty(device=device).to(dtype)
+    init_weights(model, seed)
+    model.eval().requires_grad_(False)
+    cache = KVCache(args, device, dtype)
+    model.attach_cache(cache)
+    return model, cache

@@ -1,0 +1,1 @@
+"""Decoder-side SWA bounded replay: kept rows, the replay batch and the replay layers."""

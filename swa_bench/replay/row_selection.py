@@ -1,0 +1,84 @@
+"""Which rows each request keeps, and the lowest window position each may read (SPEC section 2).
+
+Pure functions over host integers: the step is planned before anything runs on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from swa_bench.model.requests import RequestSpec
+
+Policy = Literal["full", "bounded", "halo"]
+POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo")
+
+
+def halo_size(window: int, n_decoder_layers: int, align: int = 1) -> int:
+    """H = W + (D - 1)(W - 1), rounded up to ``align``.
+
+    Each window layer after the first widens the backward dependency cone by W - 1 rows, so the last
+    token and every decoder ring's last W slots depend only on the last H rows.
+    """
+    if window < 1 or align < 1:
+        raise ValueError("window and align must be >= 1")
+    size = window + max(n_decoder_layers - 1, 0) * (window - 1)
+    return math.ceil(size / align) * align
+
+
+def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> int:
+    """How many of the request's last rows in this step stay in the replay batch."""
+    q = request.query_len
+    if policy == "full" or request.decode or request.prompt_logprobs:
+        return q
+    if policy == "bounded":
+        return min(q, window)
+    if policy == "halo":
+        return min(q, halo)
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+def kept_lens(requests: Sequence[RequestSpec], policy: Policy, window: int, halo: int) -> list[int]:
+    return [kept_len(r, policy, window, halo) for r in requests]
+
+
+def trims(requests: Sequence[RequestSpec], lens: Sequence[int]) -> bool:
+    """Whether some request loses rows: only then does a step need a replay batch."""
+    return any(k < r.query_len for r, k in zip(requests, lens, strict=True))
+
+
+def query_starts(requests: Sequence[RequestSpec]) -> list[int]:
+    """Row offsets of each request in the packed batch, with the total last."""
+    starts = [0]
+    for r in requests:
+        starts.append(starts[-1] + r.query_len)
+    return starts
+
+
+def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]:
+    """Batch row indices of the kept rows: each request's last ``kept_len`` rows, in batch order."""
+    rows: list[int] = []
+    starts = query_starts(requests)
+    for i, k in enumerate(lens):
+        end = starts[i + 1]
+        rows.extend(range(end - k, end))
+    return rows
+
+
+def batch_window_start(context_len: int, window: int) -> int:
+    """``replay_start``: 0 for a cold prefill, H - W after context ending at H.
+
+    Only the last W cached positions still have window KV (the ring), so nothing below may be read.
+    """
+    return max(0, context_len - window)
+
+
+def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int) -> int:
+    """``kept_kv_start``: decoder layers under replay never computed window KV below this.
+
+    A request that keeps all its rows keeps its batch start (a decode row reads its ring).
+    """
+    if kept >= query_len:
+        return replay_start
+    return max(replay_start, seq_len - kept)
