@@ -1,0 +1,435 @@
+"""The scenario file as pydantic models.
+
+Field-local rules (types, ranges, enums, unknown keys) are pydantic's; rules that need the resolved
+model (the window W, max_seq_len, max_requests) live in ``Scenario.problems()``, which runs per
+case after sweep substitution, because a sweep may change the model and the workload together.
+All models are strict: YAML already types its values, so ``"8"`` or ``yes`` for a number is a
+mistake to report, not to coerce.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from annotated_types import Ge, Le, MinLen
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+
+from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
+from swa_bench.model.requests import RequestSpec
+from swa_bench.scenario.errors import Loc
+
+PositiveInt = Annotated[int, Ge(1)]
+NonNegativeInt = Annotated[int, Ge(0)]
+NonNegativeFloat = Annotated[float, Ge(0)]
+Fraction = Annotated[float, Ge(0), Le(1)]
+ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+
+Device = Literal["auto", "cpu", "cuda"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+Policy = Literal["full", "bounded", "halo"]
+GraphMode = Literal["eager", "piecewise", "full"]
+CheckId = Literal["e1", "e2", "e3", "e4", "e5"]
+
+# torch.testing.assert_close's per-dtype defaults (SPEC section 3).
+DTYPE_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1.3e-6, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float16": (1e-3, 1e-5),
+}
+
+Problem = tuple[Loc, str]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    # Keys that are rejected with a reason rather than as merely unknown.
+    rejected_keys: ClassVar[dict[str, str]] = {}
+
+
+class ModelSpec(_Strict):
+    """A preset plus ModelArgs overrides; the override rules need ModelArgs, so they are checked
+    in ``Scenario.problems()`` where each error can name ``model.overrides.<field>``."""
+
+    preset: str | None = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str | None) -> str | None:
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)} "
+                             "or null (ModelArgs defaults)")
+        return preset
+
+    def args(self) -> ModelArgs:
+        return build_args(self.preset, self.overrides)
+
+
+class RequestEntry(_Strict):
+    """One explicit request, added ``repeat`` times."""
+
+    prompt_len: PositiveInt
+    cached_len: NonNegativeInt = 0
+    chunk_size: PositiveInt | None = None
+    decode: bool = False
+    prompt_logprobs: bool = False
+    repeat: PositiveInt = 1
+
+    def spec(self) -> RequestSpec:
+        return RequestSpec(prompt_len=self.prompt_len, cached_len=self.cached_len,
+                           chunk_size=self.chunk_size, decode=self.decode,
+                           prompt_logprobs=self.prompt_logprobs)
+
+    def specs(self) -> list[RequestSpec]:
+        return [self.spec()] * self.repeat
+
+    def problems(self, args: ModelArgs) -> list[Problem]:
+        if not self.decode and self.cached_len >= self.prompt_len:
+            return [(("cached_len",), f"a prefill's cached_len must be below prompt_len="
+                                      f"{self.prompt_len}, got {self.cached_len}")]
+        seq_len = self.spec().seq_len
+        if seq_len > args.max_seq_len:
+            return [(("prompt_len",), f"the request reaches length {seq_len}, above the model's "
+                                      f"max_seq_len={args.max_seq_len}")]
+        return []
+
+
+class RequestGenerator(_Strict):
+    """``prefills`` prefills of ``prompt_len`` tokens plus ``decodes`` decode rows, each after
+    ``decode_context`` tokens of context (null: ``prompt_len``)."""
+
+    prefills: NonNegativeInt = 1
+    prompt_len: PositiveInt
+    cached_len: NonNegativeInt = 0
+    chunk_size: PositiveInt | None = None
+    decodes: NonNegativeInt = 0
+    decode_context: PositiveInt | None = None
+
+    def specs(self) -> list[RequestSpec]:
+        out: list[RequestSpec] = []
+        if self.prefills:
+            out += [RequestSpec(prompt_len=self.prompt_len, cached_len=self.cached_len,
+                                chunk_size=self.chunk_size)] * self.prefills
+        if self.decodes:
+            context = self.decode_context or self.prompt_len
+            out += [RequestSpec(prompt_len=context, decode=True)] * self.decodes
+        return out
+
+    def problems(self, args: ModelArgs) -> list[Problem]:
+        out: list[Problem] = []
+        if self.prefills and self.cached_len >= self.prompt_len:
+            out.append((("cached_len",), f"a prefill's cached_len must be below prompt_len="
+                                         f"{self.prompt_len}, got {self.cached_len}"))
+        elif self.prefills and self.prompt_len > args.max_seq_len:
+            out.append((("prompt_len",), f"{self.prompt_len} is above the model's max_seq_len="
+                                         f"{args.max_seq_len}"))
+        context = self.decode_context or self.prompt_len
+        if self.decodes and context + 1 > args.max_seq_len:
+            field = "decode_context" if self.decode_context else "prompt_len"
+            out.append(((field,), f"a decode row after {context} tokens reaches length "
+                                  f"{context + 1}, above the model's max_seq_len="
+                                  f"{args.max_seq_len}"))
+        return out
+
+
+class Workload(_Strict):
+    """The requests of one step: explicit ones first, then generated ones."""
+
+    requests: list[RequestEntry] = Field(default_factory=list)
+    generators: list[RequestGenerator] = Field(default_factory=list)
+
+    def specs(self) -> list[RequestSpec]:
+        out = [spec for entry in self.requests for spec in entry.specs()]
+        return out + [spec for gen in self.generators for spec in gen.specs()]
+
+
+class ToleranceCheck(_Strict):
+    """A check compared up to rounding; null tolerances take the dtype's default."""
+
+    enabled: bool = True
+    rtol: NonNegativeFloat | None = None
+    atol: NonNegativeFloat | None = None
+
+
+class BitwiseCheck(_Strict):
+    """A check that is bitwise by definition (E3, E5), so it takes no tolerance."""
+
+    rejected_keys: ClassVar[dict[str, str]] = {
+        key: "this check is always bitwise; rtol/atol are not accepted" for key in ("rtol", "atol")
+    }
+    enabled: bool = True
+
+
+class ApproximationCheck(_Strict):
+    """Bounded vs full prefill, measured; pass/fail only against the bounds that are set."""
+
+    enabled: bool = False
+    continuation_steps: PositiveInt | None = None
+    max_logits_abs_error: NonNegativeFloat | None = None
+    min_top1_agreement: Fraction | None = None
+    min_greedy_agreement: Fraction | None = None
+
+
+class Checks(_Strict):
+    e1: ToleranceCheck = Field(default_factory=ToleranceCheck)
+    e2: ToleranceCheck = Field(default_factory=ToleranceCheck)
+    e3: BitwiseCheck = Field(default_factory=BitwiseCheck)
+    e4: ToleranceCheck = Field(default_factory=ToleranceCheck)
+    e5: BitwiseCheck = Field(default_factory=BitwiseCheck)
+    approximation: ApproximationCheck = Field(default_factory=ApproximationCheck)
+
+
+class Timing(_Strict):
+    enabled: bool = True
+    warmup: NonNegativeInt = 2
+    iters: PositiveInt = 10
+    l2_flush: bool = False
+    threads: PositiveInt = 2
+    breakdown: bool = True
+
+
+AxisValues = Annotated[list[Any], MinLen(1)]
+
+
+class Sweep(_Strict):
+    """``grid``: the cartesian product of its axes. ``zip``: groups whose lists move together,
+    each group crossed with the grid. Keys are dotted paths into the scenario."""
+
+    grid: dict[str, AxisValues] = Field(default_factory=dict)
+    zip: list[Annotated[dict[str, AxisValues], MinLen(1)]] = Field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.grid and not self.zip
+
+
+def default_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default CUDA-graph capture sizes, up to ``max_size``."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return [s for s in sizes if s <= max_size]
+
+
+class Scenario(_Strict):
+    """One scenario file; after ``expand_cases`` each case's scenario has an empty sweep."""
+
+    name: ScenarioName
+    description: str = ""
+    device: Device = "auto"
+    dtype: Dtype = "float32"
+    seed: NonNegativeInt = 0
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    workload: Workload
+    policy: Policy = "bounded"
+    halo_align: PositiveInt = 1
+    graph_mode: GraphMode = "eager"
+    trim_threshold: PositiveInt | None = None
+    eager_trim_threshold: NonNegativeInt = 0
+    capture_sizes: list[PositiveInt] | None = None
+    max_capture_size: PositiveInt = 512
+    sweep: Sweep = Field(default_factory=Sweep)
+    checks: Checks = Field(default_factory=Checks)
+    timing: Timing = Field(default_factory=Timing)
+
+    _source_path: Path | None = PrivateAttr(default=None)
+    _source_text: str = PrivateAttr(default="")
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _increasing(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is None:
+            return None
+        if not sizes:
+            raise ValueError("must not be empty (null means vLLM's default sizes)")
+        if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+            raise ValueError(f"must be strictly increasing, got {sizes}")
+        return sizes
+
+    @property
+    def source_path(self) -> Path | None:
+        """The file this scenario was loaded from; errors name it."""
+        return self._source_path
+
+    @source_path.setter
+    def source_path(self, path: str | Path | None) -> None:
+        self._source_path = Path(path) if path is not None else None
+
+    @property
+    def source_text(self) -> str:
+        """The raw file text: hashed into results and used to find error lines."""
+        return self._source_text
+
+    @source_text.setter
+    def source_text(self, text: str) -> None:
+        self._source_text = text
+
+    def model_args(self) -> ModelArgs:
+        return self.model.args()
+
+    def requests(self) -> list[RequestSpec]:
+        return self.workload.specs()
+
+    def resolved_trim_threshold(self) -> int:
+        """The smallest padded size whose graph uses the replay batch; null means W + 1."""
+        return self.trim_threshold or self.model_args().window + 1
+
+    def resolved_capture_sizes(self) -> list[int]:
+        """The explicit list when given (``max_capture_size`` then plays no part), else vLLM's."""
+        if self.capture_sizes is not None:
+            return list(self.capture_sizes)
+        return default_capture_sizes(self.max_capture_size)
+
+    def continuation_steps(self) -> int:
+        """K for greedy-continuation agreement: null means 2W (the ring slides out after W)."""
+        steps = self.checks.approximation.continuation_steps
+        return steps if steps is not None else 2 * self.model_args().window
+
+    def tolerance(self, check: CheckId) -> tuple[float, float]:
+        """(rtol, atol) for a check: (0, 0) when bitwise, the dtype default where unset."""
+        spec = getattr(self.checks, check)
+        if isinstance(spec, BitwiseCheck):
+            return 0.0, 0.0
+        rtol, atol = DTYPE_TOLERANCES[self.dtype]
+        return (spec.rtol if spec.rtol is not None else rtol,
+                spec.atol if spec.atol is not None else atol)
+
+    def problems(self) -> list[Problem]:
+        """Every rule that needs the resolved model, as (location, message); empty when valid."""
+        model_problems = _model_problems(self.model)
+        if model_problems:
+            return model_problems
+        args = self.model_args()
+        window = args.window
+        out: list[Problem] = []
+        if self.trim_threshold is not None and self.trim_threshold <= window:
+            out.append((("trim_threshold",), f"must exceed the model window W={window}, "
+                                             f"got {self.trim_threshold}"))
+        steps = self.checks.approximation.continuation_steps
+        if steps is not None and steps < window:
+            out.append((("checks", "approximation", "continuation_steps"),
+                        f"must be >= the model window W={window} (the approximate ring slides "
+                        f"out only after W steps), got {steps}"))
+        for kind, entries in (("requests", self.workload.requests),
+                              ("generators", self.workload.generators)):
+            for i, entry in enumerate(entries):
+                out += [(("workload", kind, i, *loc), msg) for loc, msg in entry.problems(args)]
+        total = (sum(entry.repeat for entry in self.workload.requests)
+                 + sum(gen.prefills + gen.decodes for gen in self.workload.generators))
+        if total == 0:
+            out.append((("workload",), "needs at least one request (requests or generators)"))
+        elif total > args.max_requests:
+            out.append((("workload",), f"{total} requests exceed the model's max_requests="
+                                       f"{args.max_requests}"))
+        return out
+
+
+@cache
+def _override_adapter(field: str) -> TypeAdapter:
+    return TypeAdapter(typing.get_type_hints(ModelArgs)[field])
+
+
+def _model_problems(spec: ModelSpec) -> list[Problem]:
+    """Override keys must be ModelArgs fields of the right type, and the result must build."""
+    out: list[Problem] = []
+    for key, value in spec.overrides.items():
+        loc: Loc = ("model", "overrides", key)
+        if key not in MODEL_FIELDS:
+            close = difflib.get_close_matches(key, sorted(MODEL_FIELDS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append((loc, f"unknown model field{hint}"))
+            continue
+        try:
+            _override_adapter(key).validate_python(value, strict=True)
+        except ValidationError as err:
+            out.append((loc, describe_error(err.errors()[0])[1]))
+    if out:
+        return out
+    args = copy.copy(PRESETS[spec.preset] if spec.preset else ModelArgs())
+    for key, value in spec.overrides.items():
+        setattr(args, key, value)
+    return [(("model", "overrides", field), message) for field, message in args.problems()]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _model_at(loc: Loc) -> type[_Strict] | None:
+    """The model class that holds the last key of ``loc`` (to list its allowed keys)."""
+    cls: type[_Strict] | None = Scenario
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if cls else None
+        if field is None:
+            return None
+        cls = _inner_model(field.annotation)
+    return cls
+
+
+def _inner_model(annotation: Any) -> type[_Strict] | None:
+    if isinstance(annotation, type) and issubclass(annotation, _Strict):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+_TYPE_NAMES = {
+    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
+    "model_type": "a mapping", "model_attributes_type": "a mapping", "none_required": "null",
+}
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+           "less_than": "<"}
+
+
+def describe_error(error: ErrorDetails) -> Problem:
+    """One pydantic error as (location, short message)."""
+    loc: Loc = tuple(error["loc"])
+    kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
+    if kind == "missing":
+        return loc, "required"
+    if kind == "extra_forbidden":
+        owner = _model_at(loc)
+        key = loc[-1] if loc else ""
+        if owner is not None and key in owner.rejected_keys:
+            return loc, owner.rejected_keys[key]
+        allowed = f"; expected one of: {', '.join(owner.model_fields)}" if owner else ""
+        return loc, f"unknown key{allowed}"
+    if kind in _TYPE_NAMES:
+        return loc, f"must be {_TYPE_NAMES[kind]}, got {_show(value)}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        return loc, f"must be {_BOUNDS[kind]} {bound}, got {_show(value)}"
+    if kind == "literal_error":
+        return loc, f"must be one of {ctx['expected']}, got {_show(value)}"
+    if kind == "too_short":
+        return loc, "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return loc, f"must match {ctx['pattern']}, got {_show(value)}"
+    if kind == "value_error":
+        return loc, str(ctx.get("error", error["msg"]))
+    return loc, f"{error['msg']}, got {_show(value)}"

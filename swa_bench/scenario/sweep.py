@@ -1,0 +1,225 @@
+"""Sweep expansion: one scenario file -> the cases it names.
+
+Each case is the base scenario with its axis values substituted, re-validated as a whole scenario
+(schema and ``Scenario.problems()``), so a case that exists is a case that can run.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from swa_bench.model.args import MODEL_FIELDS, ModelArgs
+from swa_bench.model.requests import RequestSpec
+from swa_bench.scenario.errors import Loc, ScenarioError, dotted, line_of, located
+from swa_bench.scenario.schema import Scenario, Sweep, describe_error
+
+UNSWEEPABLE = ("name", "description", "sweep")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of a scenario's sweep, with its scenario fully resolved."""
+
+    case_id: str
+    index: int
+    params: dict[str, Any]
+    scenario: Scenario
+
+    def model_args(self) -> ModelArgs:
+        return self.scenario.model_args()
+
+    def requests(self) -> list[RequestSpec]:
+        return self.scenario.requests()
+
+    def trim_threshold(self) -> int:
+        return self.scenario.resolved_trim_threshold()
+
+    def num_tokens(self) -> int:
+        return sum(r.query_len for r in self.requests())
+
+    def label(self) -> str:
+        """``graph_mode/policy/T=<tokens>`` plus the swept values outside the workload (T already
+        sums up a workload change); the case id, not the label, is the unique key."""
+        s = self.scenario
+        parts = [s.graph_mode, s.policy, f"T={self.num_tokens()}"]
+        others = [p for p in self.params
+                  if p not in ("graph_mode", "policy") and not p.startswith("workload")]
+        leaves = [p.rsplit(".", 1)[-1] for p in others]
+        for path, leaf in zip(others, leaves, strict=True):
+            key = leaf if leaves.count(leaf) == 1 else path
+            value = self.params[path]
+            parts.append(f"{key}={value if isinstance(value, str) else _show(value)}")
+        return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """Axis values that move together: one grid key, or one zip group."""
+
+    where: Loc                       # ("sweep", "grid") or ("sweep", "zip", k)
+    paths: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+
+def case_id(params: dict[str, Any]) -> str:
+    """Stable across runs and machines: a hash of the swept values only."""
+    if not params:
+        return "base"
+    blob = json.dumps(params, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def expand_cases(scenario: Scenario) -> list[Case]:
+    """The cases of ``scenario``: the grid's product crossed with every zip group, in file order.
+
+    Raises ScenarioError naming the sweep entry (and value) at fault; the file is
+    ``scenario.source_path``.
+    """
+    axes = _axes(scenario)
+    base = scenario.model_dump(mode="python", exclude={"sweep"})
+    cases = []
+    for index, picks in enumerate(itertools.product(*(range(len(a.rows)) for a in axes))):
+        data = copy.deepcopy(base)
+        params: dict[str, Any] = {}
+        for axis, row in zip(axes, picks, strict=True):
+            for path, value in zip(axis.paths, axis.rows[row], strict=True):
+                _assign(data, path.split("."), copy.deepcopy(value))
+                params[path] = value
+        resolved = _resolve(scenario, data, axes, picks, params)
+        cases.append(Case(case_id(params), index, params, resolved))
+    return cases
+
+
+def _resolve(
+    scenario: Scenario, data: dict, axes: list[_Axis], picks: tuple[int, ...],
+    params: dict[str, Any],
+) -> Scenario:
+    try:
+        resolved = Scenario.model_validate(data)
+    except ValidationError as err:
+        loc, message = describe_error(err.errors()[0])
+    else:
+        resolved.source_path = scenario.source_path
+        resolved.source_text = scenario.source_text
+        problems = resolved.problems()
+        if not problems:
+            return resolved
+        loc, message = problems[0]
+    raise _case_error(scenario, loc, message, axes, picks, params)
+
+
+def _case_error(
+    scenario: Scenario, loc: Loc, message: str, axes: list[_Axis], picks: tuple[int, ...],
+    params: dict[str, Any],
+) -> ScenarioError:
+    """Blame the sweep value when the bad field is (inside) a swept path, else the field itself
+    with the case's sweep values appended."""
+    file, text = scenario.source_path, scenario.source_text
+    target = tuple(str(part) for part in loc)
+    for axis, row in zip(axes, picks, strict=True):
+        for path, value in zip(axis.paths, axis.rows[row], strict=True):
+            parts = tuple(path.split("."))
+            if target[:len(parts)] != parts:
+                continue
+            inner = f"{dotted(loc)}: " if target != parts else ""
+            field = f"{dotted(axis.where)}.{path}"
+            return ScenarioError(file, field, f"value {_show(value)}: {inner}{message}",
+                                 line_of(text, (*axis.where, path, row)))
+    context = ", ".join(f"{path}={_show(value)}" for path, value in params.items())
+    return located(file, text, loc, f"{message} (in sweep case {context})" if context else message)
+
+
+def _axes(scenario: Scenario) -> list[_Axis]:
+    sweep: Sweep = scenario.sweep
+    axes = [_Axis(("sweep", "grid"), (path,), tuple((v,) for v in values))
+            for path, values in sweep.grid.items()]
+    for k, group in enumerate(sweep.zip):
+        where: Loc = ("sweep", "zip", k)
+        lengths = {path: len(values) for path, values in group.items()}
+        first = next(iter(group))
+        for path, n in lengths.items():
+            if n != lengths[first]:
+                raise _sweep_error(scenario, (*where, path), f"has {n} values but {first} has "
+                                   f"{lengths[first]}; zipped lists move together")
+        rows = tuple(zip(*group.values(), strict=True))
+        axes.append(_Axis(where, tuple(group), rows))
+
+    seen: dict[str, Loc] = {}
+    for axis in axes:
+        for path in axis.paths:
+            problem = _path_problem(scenario, path)
+            if problem is None:
+                problem = next((f"overlaps {dotted((*where, other))}"
+                                for other, where in seen.items()
+                                if _overlaps(path, other)), None)
+            if problem is not None:
+                raise _sweep_error(scenario, (*axis.where, path), problem)
+            seen[path] = axis.where
+        keys = [json.dumps(row, sort_keys=True, default=str) for row in axis.rows]
+        for row, key in enumerate(keys):
+            if key in keys[:row]:
+                value = axis.rows[row] if len(axis.paths) > 1 else axis.rows[row][0]
+                raise _sweep_error(scenario, (*axis.where, axis.paths[0], row),
+                                   f"duplicate value {_show(value)}: cases would repeat")
+    return axes
+
+
+def _sweep_error(scenario: Scenario, loc: Loc, message: str) -> ScenarioError:
+    """``loc`` is ``(*axis.where, path[, row])``; the field named is ``sweep.<...>.<path>``."""
+    return ScenarioError(scenario.source_path, dotted(loc[:4] if loc[1] == "zip" else loc[:3]),
+                         message, line_of(scenario.source_text, loc))
+
+
+def _overlaps(a: str, b: str) -> bool:
+    pa, pb = a.split("."), b.split(".")
+    n = min(len(pa), len(pb))
+    return pa[:n] == pb[:n]
+
+
+def _path_problem(scenario: Scenario, path: str) -> str | None:
+    """Why ``path`` names nothing sweepable in ``scenario`` (None when it does)."""
+    parts = path.split(".")
+    if parts[0] in UNSWEEPABLE:
+        return f"{parts[0]} cannot be swept"
+    node: Any = scenario
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[:depth]) or "the scenario"
+        if isinstance(node, BaseModel):
+            if part not in type(node).model_fields:
+                fields = ", ".join(f for f in type(node).model_fields if f not in UNSWEEPABLE)
+                return f"{here} has no field {part!r}; expected one of: {fields}"
+            node = getattr(node, part)
+        elif isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                return f"{here} has no item {part!r} (it has {len(node)})"
+            node = node[int(part)]
+        elif parts[:depth] == ["model", "overrides"]:
+            if part not in MODEL_FIELDS:
+                return f"{part!r} is not a model field"
+            if depth != len(parts) - 1:
+                return f"model.overrides.{part} is a value with no fields"
+            return None
+        else:
+            return f"{here} is a value with no field {part!r}"
+    return None
+
+
+def _assign(data: Any, parts: list[str], value: Any) -> None:
+    for part in parts[:-1]:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    last = parts[-1]
+    if isinstance(data, list):
+        data[int(last)] = value
+    else:
+        data[last] = value
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,242 @@
+"""The CLI: one-line errors with exit 2 for bad input, dry runs, and hand-off to the runners."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from swa_bench.cli import app
+from swa_bench.scenario import expand_cases, load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+MALFORMED = REPO / "tests" / "scenario" / "malformed"
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+try:  # click < 8.2 mixes stderr into stdout unless told not to
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+# (file in the malformed corpus, the field its error must name; None for file-level errors)
+CORPUS = [
+    ("unknown_key.yaml", "timing.iterations"),
+    ("wrong_type.yaml", "seed"),
+    ("negative_length.yaml", "workload.requests.1.prompt_len"),
+    ("window_zero.yaml", "model.overrides.window"),
+    ("trim_threshold_le_window.yaml", "trim_threshold"),
+    ("sweep_missing_field.yaml", "sweep.grid.timing.repeats"),
+    ("sweep_bad_value.yaml", "sweep.grid.trim_threshold"),
+    ("zip_length_mismatch.yaml", "sweep.zip[0].model.overrides.window"),
+    ("bitwise_tolerance.yaml", "checks.e3.rtol"),
+    ("too_long.yaml", "workload.generators.0.prompt_len"),
+    ("invalid_yaml.yaml", None),
+    ("empty.yaml", None),
+    ("does_not_exist.yaml", None),
+]
+
+
+def swa_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swa_bench", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_corpus_covers_every_file():
+    assert {name for name, _ in CORPUS if (MALFORMED / name).exists()} == {
+        p.name for p in MALFORMED.glob("*.yaml")}
+
+
+COMMANDS = [("validate",), ("run", "--dry-run")]
+
+
+@pytest.fixture(scope="module")
+def corpus_results() -> dict[tuple[tuple[str, ...], str], subprocess.CompletedProcess]:
+    """Every (command, malformed file) run once, a few at a time: interpreter start-up dominates."""
+    jobs = [(cmd, name) for cmd in COMMANDS for name, _ in CORPUS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = pool.map(lambda job: swa_bench(*job[0], f"tests/scenario/malformed/{job[1]}"), jobs)
+        return dict(zip(jobs, done, strict=True))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(("name", "field"), CORPUS)
+def test_malformed_scenario_is_one_stderr_line_and_exit_2(corpus_results, command, name, field):
+    path = f"tests/scenario/malformed/{name}"
+    result = corpus_results[command, name]
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{path}: ")
+    if field is not None:
+        assert lines[0].startswith(f"{path}: {field}: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stdout == ""
+
+
+def test_usage_errors_are_one_line_too():
+    for args in (["run", "--bogus"], ["validate"],
+                 ["compare", "a", "b", "--max-slowdown", "lots"]):
+        result = swa_bench(*args)
+        assert result.returncode == 2
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"swa-bench {args[0]}: ")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_scenarios_validate_and_dry_run(path):
+    cases = expand_cases(load_scenario(path))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"ok  {path}  ({len(cases)} cases)\n"
+    result = runner.invoke(app, ["run", "--dry-run", str(path)])
+    assert result.exit_code == 0, result.output
+    for case in cases:
+        assert case.case_id in result.stdout
+        assert case.label() in result.stdout
+
+
+def test_shipped_scenarios_are_what_their_names_promise():
+    by_name = {p.stem: load_scenario(p) for p in SHIPPED}
+    assert {"smoke", "threshold-sweep", "batch-sweep", "approximation",
+            "v41-flash-shape"} <= set(by_name)
+    smoke = expand_cases(by_name["smoke"])
+    assert {(c.scenario.graph_mode, c.scenario.policy) for c in smoke} == {
+        (g, p) for g in ("eager", "piecewise", "full") for p in ("bounded", "halo")}
+    window = smoke[0].model_args().window
+    lengths = {r.query_len for r in smoke[0].requests() if not r.decode}
+    assert {window - 1, window, window + 1, 3 * window} <= lengths
+    assert any(r.decode for r in smoke[0].requests())
+    assert any(r.cached_len and r.chunk_size for r in smoke[0].requests())
+    assert by_name["smoke"].device == "auto" and by_name["smoke"].checks.approximation.enabled
+    v41 = expand_cases(by_name["v41-flash-shape"])
+    assert {c.num_tokens() for c in v41} == {16384, 65536}
+    assert all(c.trim_threshold() == 768 and c.scenario.dtype == "bfloat16" for c in v41)
+    assert not v41[0].scenario.checks.e2.enabled and not v41[0].scenario.checks.e4.enabled
+    threshold = expand_cases(by_name["threshold-sweep"])
+    assert len(threshold) == 10 and threshold[0].trim_threshold() == 33
+    assert threshold[0].scenario.resolved_capture_sizes()[-1] == 1024
+
+
+def test_validate_reports_every_file_then_exits_2():
+    good, bad = str(SHIPPED[0]), str(MALFORMED / "wrong_type.yaml")
+    result = runner.invoke(app, ["validate", bad, good])
+    assert result.exit_code == 2
+    assert result.stdout.startswith(f"ok  {good}")
+    assert result.stderr.startswith(f"{bad}: seed: ")
+
+
+def test_run_without_scenario_dry_runs_the_smoke_scenario():
+    result = runner.invoke(app, ["run", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "smoke" in result.stdout and "6 cases" in result.stdout
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    calls: list[tuple[str, tuple, dict]] = []
+    module = types.ModuleType("swa_bench.bench.runner")
+
+    def run_scenarios(paths, **kwargs):
+        calls.append(("run", tuple(paths), kwargs))
+        return 1
+
+    def check_scenarios(paths, **kwargs):
+        calls.append(("check", tuple(paths), kwargs))
+        return 0
+
+    module.run_scenarios, module.check_scenarios = run_scenarios, check_scenarios
+    monkeypatch.setitem(sys.modules, "swa_bench.bench.runner", module)
+    return calls
+
+
+def test_run_hands_validated_paths_to_the_runner(fake_runner, tmp_path):
+    smoke = SHIPPED[[p.stem for p in SHIPPED].index("smoke")]
+    result = runner.invoke(app, ["run", str(smoke), "--out", str(tmp_path / "o"), "--resume"])
+    assert result.exit_code == 1
+    ((kind, paths, kwargs),) = fake_runner
+    assert (kind, paths) == ("run", (smoke,))
+    assert kwargs["out"] == tmp_path / "o" and kwargs["resume"] is True
+    assert kwargs["baseline"] is None and kwargs["console"] is not None
+
+
+def test_run_and_check_refuse_bad_input_before_running(fake_runner, tmp_path):
+    bad = str(MALFORMED / "window_zero.yaml")
+    assert runner.invoke(app, ["run", bad, str(SHIPPED[0])]).exit_code == 2
+    assert runner.invoke(app, ["check", bad]).exit_code == 2
+    missing = runner.invoke(app, ["run", str(SHIPPED[0]), "--baseline", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "no such baseline" in missing.stderr
+    a_file = tmp_path / "f"
+    a_file.write_text("keep me")
+    clobber = runner.invoke(app, ["run", str(SHIPPED[0]), "--out", str(a_file)])
+    assert clobber.exit_code == 2 and a_file.read_text() == "keep me"
+    assert fake_runner == []
+
+
+def test_check_hands_off_and_returns_its_code(fake_runner):
+    result = runner.invoke(app, ["check", str(SHIPPED[0])])
+    assert result.exit_code == 0
+    assert fake_runner[0][:2] == ("check", (SHIPPED[0],))
+
+
+def test_report_prints_written_paths(monkeypatch, tmp_path):
+    module = types.ModuleType("swa_bench.report")
+    module.write_reports = lambda run_dir: [run_dir / "report.md", run_dir / "junit.xml"]
+    monkeypatch.setitem(sys.modules, "swa_bench.report", module)
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [str(tmp_path / "report.md"), str(tmp_path / "junit.xml")]
+    missing = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
+
+
+def test_compare_passes_its_options_through(monkeypatch, tmp_path):
+    seen = {}
+    module = types.ModuleType("swa_bench.compare")
+
+    def compare_command(baseline, current, **kwargs):
+        seen.update(kwargs, baseline=baseline, current=current)
+        return 1
+
+    module.compare_command = compare_command
+    monkeypatch.setitem(sys.modules, "swa_bench.compare", module)
+    result = runner.invoke(app, ["compare", "a", "b", "--max-slowdown", "0.1", "--no-timing",
+                                 "--out", str(tmp_path / "c.md")])
+    assert result.exit_code == 1
+    assert (seen["baseline"], seen["current"]) == (Path("a"), Path("b"))
+    assert seen["max_slowdown"] == 0.1 and seen["gate_timing"] is False
+    assert seen["out"] == tmp_path / "c.md"
+
+
+def test_help_gives_a_tour_and_documents_every_option():
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0
+    for command in ("validate", "run", "check", "report", "compare"):
+        assert f"swa-bench {command}" in top.stdout
+    options = {"run": ["--dry-run", "--out", "--resume", "--baseline"],
+               "compare": ["--max-slowdown", "--out", "--no-timing"],
+               "validate": [], "check": [], "report": []}
+    for command, flags in options.items():
+        text = runner.invoke(app, [command, "--help"], terminal_width=200).stdout
+        for flag in flags:
+            (line,) = [ln for ln in text.splitlines() if f"{flag} " in ln]
+            described = line.split(flag, 1)[1].strip(" │").split()
+            assert len(described) > 2, f"{command} {flag} has no help text: {line!r}"
+
+
+def test_user_errors_from_the_hand_off_are_one_line(monkeypatch, tmp_path):
+    from swa_bench.scenario import ScenarioError
+
+    def broken(run_dir):
+        raise ScenarioError(run_dir / "results.json", "cases.0.status", "not a status")
+
+    module = types.ModuleType("swa_bench.report")
+    module.write_reports = broken
+    monkeypatch.setitem(sys.modules, "swa_bench.report", module)
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr == f"{tmp_path / 'results.json'}: cases.0.status: not a status\n"
