@@ -1,0 +1,1 @@
+"""Measuring: timing with raw samples, FLOPs and peak memory, the environment, threshold advice."""

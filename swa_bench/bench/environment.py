@@ -1,0 +1,84 @@
+"""The environment a result was measured in, recorded beside every result so runs can be compared.
+
+Capturing never raises: a missing GPU, driver tool or git checkout is recorded as ``None``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_TOOL_TIMEOUT_S = 10.0
+
+
+def _run_tool(args: list[str], cwd: Path | None = None) -> str | None:
+    """stdout of a helper tool, or None when it is missing, fails or hangs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=_TOOL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(path: Path) -> tuple[str | None, bool | None]:
+    """(HEAD sha, whether tracked files differ from HEAD) of the checkout containing ``path``.
+
+    Untracked files do not make the tree dirty (as ``git describe --dirty``). (None, None) when
+    ``path`` is not in a git checkout with a commit, or git is missing.
+    """
+    sha = _run_tool(["git", "rev-parse", "--verify", "HEAD"], cwd=path)
+    if sha is None:
+        return None, None
+    status = _run_tool(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path)
+    return sha.strip(), (None if status is None else bool(status.strip()))
+
+
+def nvidia_driver() -> str | None:
+    out = _run_tool(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if not out or not out.strip():
+        return None
+    return out.strip().splitlines()[0].strip()
+
+
+def _gpu_name() -> str | None:
+    try:
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def capture_environment(threads: int | None = None) -> dict[str, Any]:
+    """torch, CUDA, GPU, driver, Python, host and the swa_bench checkout's git sha and dirtiness.
+
+    ``threads`` is the CPU thread count the measurement runs with; torch's current count when None.
+    """
+    import swa_bench
+
+    git_sha, git_dirty = git_state(Path(swa_bench.__file__).resolve().parent)
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": _gpu_name(),
+        "driver": nvidia_driver(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads if threads is not None else torch.get_num_threads(),
+        "git_sha": git_sha,
+        "git_dirty": git_dirty,
+    }
+
+
+def scenario_hash(text: str) -> str:
+    """``sha256:<hex>`` of the scenario file's text, so a result names exactly what it ran."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
