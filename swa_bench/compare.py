@@ -1,0 +1,344 @@
+"""The regression gate: compare a current run against a baseline run, case by case.
+
+Cases match on what they measure (swept params, graph mode, policy, trim threshold, tokens), not on
+their index, so reordering a sweep or adding cases keeps the matches. Timing only regresses when the
+slowdown is both statistically significant (one-sided Mann-Whitney U, current > baseline) and larger
+than `max_slowdown`: significance alone flags microsecond noise on quiet machines, size alone flags
+noise on busy ones. Deterministic figures (kept rows, captured graphs, FLOPs) must match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from scipy.stats import mannwhitneyu
+
+from swa_bench.results import (
+    CaseResult,
+    ResultsError,
+    RunResults,
+    TimingStats,
+    load_results,
+    results_path,
+    write_text_atomic,
+)
+
+RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
+TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent"]
+ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
+TIMED_PATHS = ("reference", "replay")
+
+
+@dataclass(frozen=True)
+class TimingDelta:
+    """One timed path of one matched case; `change` is current/baseline - 1 of the medians."""
+
+    path: str
+    baseline_ms: float | None
+    current_ms: float | None
+    change: float | None
+    p_slower: float | None
+    p_faster: float | None
+    verdict: TimingVerdict
+
+    def describe(self) -> str:
+        if self.verdict == "absent":
+            side = "current" if self.current_ms is None else "baseline"
+            return f"{self.path} timing absent in {side}"
+        text = f"{self.path} {self.baseline_ms:.3f} -> {self.current_ms:.3f} ms"
+        p = {"slower": self.p_slower, "faster": self.p_faster}.get(self.verdict)
+        if self.change is not None:
+            text += f" ({100 * self.change:+.1f}%" + (f", p={p:.2g})" if p is not None else ")")
+        return text
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    key: str
+    label: str
+    status: RowStatus
+    reasons: tuple[str, ...]
+    timings: tuple[TimingDelta, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: tuple[ComparisonRow, ...]
+    warnings: tuple[str, ...]
+    timing_gated: bool
+    max_slowdown: float
+    alpha: float
+
+    @property
+    def regressed(self) -> bool:
+        return any(row.status == "regressed" for row in self.rows)
+
+    def counts(self) -> dict[str, int]:
+        tally = Counter(row.status for row in self.rows)
+        return {status: tally.get(status, 0) for status in
+                ("regressed", "improved", "warning", "unchanged", "new", "missing")}
+
+
+def case_key(case: CaseResult) -> str:
+    return json.dumps({"params": case.params, "graph_mode": case.graph_mode,
+                       "policy": case.policy, "trim_threshold": case.trim_threshold,
+                       "tokens": case.tokens}, sort_keys=True, default=str)
+
+
+def _keyed(results: RunResults) -> dict[str, CaseResult]:
+    """Cases by key; a repeated key (a sweep that measures the same thing twice) gets `#n`."""
+    keyed: dict[str, CaseResult] = {}
+    seen: Counter[str] = Counter()
+    for case in results.cases:
+        key = case_key(case)
+        seen[key] += 1
+        keyed[key if seen[key] == 1 else f"{key}#{seen[key]}"] = case
+    return keyed
+
+
+def environment_differences(baseline: RunResults, current: RunResults) -> list[str]:
+    return [f"{key}: {baseline.environment.get(key)!r} -> {current.environment.get(key)!r}"
+            for key in ENVIRONMENT_GATE_KEYS
+            if baseline.environment.get(key) != current.environment.get(key)]
+
+
+def _p_value(current: list[float], baseline: list[float], alternative: str) -> float:
+    p = float(mannwhitneyu(current, baseline, alternative=alternative).pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def compare_timing(path: str, baseline: TimingStats | None, current: TimingStats | None, *,
+                   max_slowdown: float, alpha: float, min_samples: int) -> TimingDelta | None:
+    if baseline is None and current is None:
+        return None
+    if baseline is None or current is None:
+        return TimingDelta(path, baseline and baseline.median_ms, current and current.median_ms,
+                           None, None, None, "absent")
+    change = (current.median_ms / baseline.median_ms - 1.0 if baseline.median_ms > 0
+              else math.inf if current.median_ms > 0 else 0.0)
+    if min(len(baseline.samples_ms), len(current.samples_ms)) < min_samples:
+        return TimingDelta(path, baseline.median_ms, current.median_ms, change, None, None,
+                           "too few samples")
+    p_slower = _p_value(current.samples_ms, baseline.samples_ms, "greater")
+    p_faster = _p_value(current.samples_ms, baseline.samples_ms, "less")
+    speedup = baseline.median_ms / current.median_ms - 1.0 if current.median_ms > 0 else math.inf
+    verdict: TimingVerdict = "unchanged"
+    if p_slower < alpha and change > max_slowdown:
+        verdict = "slower"
+    elif p_faster < alpha and speedup > max_slowdown:
+        verdict = "faster"
+    return TimingDelta(path, baseline.median_ms, current.median_ms, change, p_slower, p_faster,
+                       verdict)
+
+
+def _exact_differences(name: str, baseline: dict[str, int], current: dict[str, int]
+                       ) -> tuple[list[str], list[str]]:
+    """(changed values, keys present on one side only): the first regress, the second warn, so
+    a runner that starts recording a new figure does not fail every comparison."""
+    changed = [f"{name}.{key} {baseline[key]} -> {current[key]}"
+               for key in sorted(baseline.keys() & current.keys()) if baseline[key] != current[key]]
+    one_sided = [f"{name}.{key} only in {'baseline' if key in baseline else 'current'}"
+                 for key in sorted(baseline.keys() ^ current.keys())]
+    return changed, one_sided
+
+
+def compare_case(key: str, baseline: CaseResult, current: CaseResult, *, timing_gate: str | None,
+                 max_slowdown: float, alpha: float, min_samples: int) -> ComparisonRow:
+    """`timing_gate` is None when timing may regress, else why it may not (reported instead)."""
+    regressions: list[str] = []
+    improvements: list[str] = []
+    warnings: list[str] = []
+
+    if current.status == "error" and baseline.status != "error":
+        regressions.append(f"case now raises: {' '.join((current.error or '').split())}")
+    elif baseline.status == "error" and current.status != "error":
+        improvements.append("case no longer raises")
+    elif current.status == "error":
+        warnings.append("case still raises")
+
+    baseline_checks = {check.id: check for check in baseline.checks}
+    current_checks = {check.id: check for check in current.checks}
+    for check_id, check in current_checks.items():
+        before = baseline_checks.get(check_id)
+        if before is None:
+            continue
+        if before.passed and not check.passed:
+            regressions.append(f"{check_id} now fails" + (f": {check.message}" if check.message
+                                                          else ""))
+        elif not before.passed and check.passed:
+            improvements.append(f"{check_id} now passes")
+        elif not check.passed:
+            warnings.append(f"{check_id} still fails")
+    if current.status != "error":
+        warnings += [f"{check_id} not run in current"
+                     for check_id in baseline_checks.keys() - current_checks.keys()]
+
+    for name in ("deterministic", "flops"):
+        changed, one_sided = _exact_differences(name, getattr(baseline, name),
+                                                getattr(current, name))
+        regressions += changed
+        warnings += one_sided
+
+    timings = []
+    for path in TIMED_PATHS:
+        delta = compare_timing(path, getattr(baseline.timing, path, None),
+                               getattr(current.timing, path, None), max_slowdown=max_slowdown,
+                               alpha=alpha, min_samples=min_samples)
+        if delta is None:
+            continue
+        timings.append(delta)
+        if delta.verdict in ("absent", "too few samples"):
+            warnings.append(f"{delta.describe()}: {delta.verdict}, timing not gated"
+                            if delta.verdict == "too few samples" else delta.describe())
+        elif delta.verdict in ("slower", "faster") and timing_gate is not None:
+            warnings.append(f"{delta.describe()} [not gated: {timing_gate}]")
+        elif delta.verdict == "slower":
+            regressions.append(delta.describe())
+        elif delta.verdict == "faster":
+            improvements.append(delta.describe())
+
+    status: RowStatus = ("regressed" if regressions else "warning" if warnings
+                         else "improved" if improvements else "unchanged")
+    return ComparisonRow(key, current.label, status,
+                         tuple(regressions + warnings + improvements), tuple(timings))
+
+
+def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: float = 0.05,
+                 alpha: float = 0.01, min_samples: int = 5, gate_timing: bool = True) -> Comparison:
+    """Match cases and classify each; pure. Missing cases are reported but never regress."""
+    env_diffs = environment_differences(baseline, current)
+    run_warnings = []
+    timing_gate = None
+    if env_diffs:
+        timing_gate = "environments differ"
+        run_warnings.append("environments differ (" + "; ".join(env_diffs) + "): timing is "
+                            "reported but not gated")
+    elif not gate_timing:
+        timing_gate = "timing gate off"
+    if baseline.scenario_hash != current.scenario_hash:
+        run_warnings.append("scenario files differ (hash); cases are matched by their params")
+
+    baseline_cases, current_cases = _keyed(baseline), _keyed(current)
+    rows = []
+    for key, case in current_cases.items():
+        before = baseline_cases.get(key)
+        if before is None:
+            rows.append(ComparisonRow(key, case.label, "new", ("not in baseline",)))
+        else:
+            rows.append(compare_case(key, before, case, timing_gate=timing_gate,
+                                     max_slowdown=max_slowdown, alpha=alpha,
+                                     min_samples=min_samples))
+    for key, case in baseline_cases.items():
+        if key not in current_cases:
+            rows.append(ComparisonRow(key, case.label, "missing", ("in baseline only",)))
+    missing = sum(row.status == "missing" for row in rows)
+    if missing:
+        run_warnings.append(f"{missing} baseline case{'s' if missing > 1 else ''} missing from "
+                            "current")
+    return Comparison(tuple(rows), tuple(run_warnings), timing_gate is None, max_slowdown, alpha)
+
+
+# --- rendering and the CLI body ------------------------------------------------------------------
+
+_ORDER = {"regressed": 0, "warning": 1, "missing": 2, "improved": 3, "new": 4, "unchanged": 5}
+_STYLE = {"regressed": "bold red", "warning": "yellow", "missing": "yellow", "improved": "green",
+          "new": "cyan", "unchanged": "dim"}
+
+
+def _timing_cell(row: ComparisonRow, path: str) -> str:
+    delta = next((t for t in row.timings if t.path == path), None)
+    if delta is None or delta.baseline_ms is None or delta.current_ms is None:
+        return "–"
+    change = "" if delta.change is None else f" ({100 * delta.change:+.1f}%)"
+    return f"{delta.baseline_ms:.3f} → {delta.current_ms:.3f}{change}"
+
+
+def _sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
+    return sorted(comparison.rows, key=lambda row: (_ORDER[row.status], row.label))
+
+
+def verdict_line(comparison: Comparison) -> str:
+    counts = comparison.counts()
+    head = "REGRESSED" if comparison.regressed else "OK"
+    gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
+            if comparison.timing_gated else "timing not gated")
+    return f"{head}: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + f"; {gate}"
+
+
+def comparison_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
+    from swa_bench.report.markdown import md_cell, md_table
+
+    lines = ["# swa-bench compare", "", f"Baseline `{md_cell(baseline)}`, current "
+             f"`{md_cell(current)}`.", "", f"**{md_cell(verdict_line(comparison))}**", ""]
+    lines += [f"- ⚠️ {md_cell(warning)}" for warning in comparison.warnings]
+    if comparison.warnings:
+        lines.append("")
+    rows = [(row.label, f"**{row.status}**" if row.status == "regressed" else row.status,
+             _timing_cell(row, "reference"), _timing_cell(row, "replay"), "; ".join(row.reasons))
+            for row in _sorted_rows(comparison)]
+    lines += [md_table(["case", "status", "reference ms", "replay ms", "reasons"], rows), ""]
+    return "\n".join(lines)
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    table = Table(title="swa-bench compare", title_justify="left")
+    for column in ("case", "status", "reference ms", "replay ms"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reasons", overflow="fold")
+    for row in _sorted_rows(comparison):
+        table.add_row(escape(row.label), f"[{_STYLE[row.status]}]{row.status}[/]",
+                      _timing_cell(row, "reference"), _timing_cell(row, "replay"),
+                      escape("; ".join(row.reasons)))
+    return table
+
+
+def _fail(message: str) -> int:
+    print(" ".join(message.split()), file=sys.stderr)
+    return 2
+
+
+def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05,
+                    out: Path | None = None, gate_timing: bool = True,
+                    console: Console | None = None) -> int:
+    """Exit code: 0 no regression, 1 a regression, 2 bad input (one line on stderr)."""
+    console = console or Console()
+    if not math.isfinite(max_slowdown) or max_slowdown < 0:
+        return _fail(f"--max-slowdown: must be a finite number >= 0, got {max_slowdown}")
+    try:
+        baseline_results = load_results(baseline)
+        current_results = load_results(current)
+    except ResultsError as exc:
+        return _fail(str(exc))
+    current_json = results_path(current)
+    out = Path(out) if out is not None else current_json.parent / "compare.md"
+    if out.is_dir():
+        return _fail(f"{out}: --out: is a directory, expected a file path")
+    if not out.parent.is_dir():
+        return _fail(f"{out}: --out: directory {out.parent} does not exist")
+    protected = {results_path(baseline).resolve(), current_json.resolve()}
+    if out.resolve() in protected:
+        return _fail(f"{out}: --out: refusing to overwrite a results file")
+
+    comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
+                              gate_timing=gate_timing)
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    console.print(comparison_table(comparison))
+    style = "bold red" if comparison.regressed else "bold green"
+    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False)
+    try:
+        write_text_atomic(out, comparison_markdown(comparison, baseline=str(baseline),
+                                                   current=str(current)))
+    except OSError as exc:
+        return _fail(f"{out}: --out: cannot write: {exc.strerror or exc}")
+    console.print(f"wrote {escape(str(out))}", highlight=False)
+    return 1 if comparison.regressed else 0

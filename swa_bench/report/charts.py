@@ -1,0 +1,220 @@
+"""Inline SVG charts for report.html, drawn with matplotlib's SVG backend (no pyplot state).
+
+Text is kept as SVG <text> (svg.fonttype "none") so the charts stay small; matplotlib escapes it.
+Labels that come from a results file are additionally stripped of mathtext `$` so a label cannot
+make matplotlib's parser raise. The XML prolog and metadata (with its dated, external-namespace
+RDF) are dropped so the markup is a bare, reproducible <svg> element with no external references.
+Several inline SVGs share one document's id namespace, so every id (and every reference to it) is
+prefixed with the chart's name."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
+
+from swa_bench.results import CaseResult, RunResults
+
+_MARKERS = {"bounded": "o", "halo": "s", "full": "^"}
+_STYLES = {"bounded": "-", "halo": "--", "full": ":"}
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+@dataclass(frozen=True)
+class Chart:
+    id: str
+    title: str
+    caption: str
+    svg: str
+
+
+def safe_label(text: object) -> str:
+    return str(text).replace("$", "＄").replace("\n", " ")[:80]
+
+
+def _color(mode: str, modes: list[str]) -> str:
+    return _COLORS[modes.index(mode) % len(_COLORS)]
+
+
+def _new_figure() -> Figure:
+    fig = Figure(figsize=(7.5, 4.2), dpi=100, layout="constrained")
+    fig.add_subplot(1, 1, 1)
+    return fig
+
+
+_PROLOG = re.compile(r"^.*?(?=<svg\b)", re.S)
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
+_XMLNS = re.compile(r'\s+xmlns(?::\w+)?="[^"]*"')
+_ID_REF = re.compile(r'(\bid="|url\(#|href="#)([^"\)]+)')
+
+
+def figure_svg(fig: Figure, salt: str) -> str:
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    svg = _XMLNS.sub("", _METADATA.sub("", _PROLOG.sub("", buffer.getvalue(), count=1)))
+    svg = _ID_REF.sub(lambda m: f"{m.group(1)}{salt}-{m.group(2)}", svg)
+    if re.search(r"<script|<foreignObject|<[^>]*\son[a-z]+\s*=", svg, re.I):
+        raise ValueError("refusing to inline an SVG with active content")
+    return svg.strip()
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _timed(cases: Iterable[CaseResult]) -> list[CaseResult]:
+    """Cases with both medians finite and positive: the only ones a latency or ratio can be drawn
+    for (a log axis or a division would choke on the rest)."""
+    return [c for c in cases if c.timing and c.timing.reference and c.timing.replay
+            and all(_finite(s.median_ms) and s.median_ms > 0
+                    for s in (c.timing.reference, c.timing.replay))]
+
+
+def _groups(cases: list[CaseResult]) -> dict[tuple[str, str], list[CaseResult]]:
+    groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for case in sorted(cases, key=lambda c: (c.graph_mode, c.policy, c.tokens, c.index)):
+        groups[(case.graph_mode, case.policy)].append(case)
+    return dict(groups)
+
+
+def _plain_log(axis) -> None:
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_locator(NullLocator())
+
+
+def _token_axis(ax, cases: list[CaseResult]) -> None:
+    tokens = sorted({c.tokens for c in cases if c.tokens > 0})
+    if tokens and tokens[-1] >= 8 * tokens[0]:
+        ax.set_xscale("log", base=2)
+        _plain_log(ax.xaxis)
+        if len(tokens) <= 12:
+            ax.set_xticks(tokens)
+    ax.set_xlabel("tokens in the step")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def latency_chart(results: RunResults) -> Chart | None:
+    cases = _timed(results.cases)
+    if not cases:
+        return None
+    fig = _new_figure()
+    ax = fig.axes[0]
+    modes = sorted({c.graph_mode for c in cases})
+    for (mode, policy), group in _groups(cases).items():
+        x = [c.tokens for c in group]
+        for path, alpha, style in (("reference", 0.45, ":"), ("replay", 1.0, _STYLES.get(policy,
+                                                                                        "-"))):
+            stats = [getattr(c.timing, path) for c in group]
+            median = [s.median_ms for s in stats]
+            err = [[max(0.0, s.median_ms - s.p10_ms) for s in stats],
+                   [max(0.0, s.p90_ms - s.median_ms) for s in stats]]
+            ax.errorbar(x, median, yerr=err, color=_color(mode, modes), alpha=alpha,
+                        linestyle=style, marker=_MARKERS.get(policy, "o"), markersize=4,
+                        capsize=2, label=safe_label(f"{mode}/{policy} {path}"))
+    _token_axis(ax, cases)
+    if max(c.timing.reference.median_ms for c in cases) >= 8 * min(
+            c.timing.replay.median_ms for c in cases):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        _plain_log(ax.yaxis)
+    ax.set_ylabel("median latency (ms), p10–p90 bars")
+    ax.legend(fontsize=7, ncols=2)
+    return Chart("latency", "Latency vs tokens",
+                 "Median step latency per graph mode and policy; dotted: the full reference path.",
+                 figure_svg(fig, "latency"))
+
+
+def speedup_chart(results: RunResults) -> Chart | None:
+    cases = [c for c in results.cases if _finite(c.speedup) or _finite(c.ideal_speedup)]
+    if not cases:
+        return None
+    fig = _new_figure()
+    ax = fig.axes[0]
+    modes = sorted({c.graph_mode for c in cases})
+    for (mode, policy), group in _groups(cases).items():
+        color = _color(mode, modes)
+        measured = [(c.tokens, c.speedup) for c in group if _finite(c.speedup)]
+        ideal = [(c.tokens, c.ideal_speedup) for c in group if _finite(c.ideal_speedup)]
+        if measured:
+            ax.plot(*zip(*measured, strict=True), color=color, marker=_MARKERS.get(policy, "o"),
+                    linestyle=_STYLES.get(policy, "-"),
+                    label=safe_label(f"{mode}/{policy} measured"))
+        if ideal:
+            ax.plot(*zip(*ideal, strict=True), color=color, alpha=0.4, linestyle=":",
+                    marker="x", label=safe_label(f"{mode}/{policy} ideal (FLOPs)"))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    _token_axis(ax, cases)
+    ax.set_ylabel("speedup over the reference (x)")
+    ax.legend(fontsize=7, ncols=2)
+    return Chart("speedup", "Measured vs ideal speedup",
+                 "Measured speedup against FLOPs(reference) / FLOPs(replay); the gap is overhead "
+                 "(gather/scatter, graph breaks) and work that still covers every token.",
+                 figure_svg(fig, "speedup"))
+
+
+def break_even_chart(results: RunResults) -> Chart | None:
+    cases = _timed(results.cases)
+    if not cases:
+        return None
+    fig = _new_figure()
+    ax = fig.axes[0]
+    modes = sorted({c.graph_mode for c in cases})
+    for (mode, policy), group in _groups(cases).items():
+        ratio = [c.timing.replay.median_ms / c.timing.reference.median_ms for c in group]
+        ax.plot([c.tokens for c in group], ratio, color=_color(mode, modes),
+                marker=_MARKERS.get(policy, "o"), linestyle=_STYLES.get(policy, "-"),
+                label=safe_label(f"{mode}/{policy}"))
+    for advice in results.threshold_advice:
+        if advice.recommended_trim_threshold is not None and advice.graph_mode in modes:
+            ax.axvline(advice.recommended_trim_threshold, color=_color(advice.graph_mode, modes),
+                       alpha=0.35, linewidth=1)
+    ax.axhline(1.0, color="black", linewidth=1.0, label="break-even")
+    _token_axis(ax, cases)
+    ax.set_ylabel("replay / reference latency")
+    ax.legend(fontsize=7, ncols=2)
+    return Chart("break-even", "Break-even per graph mode",
+                 "Below 1.0 replay is faster; faint vertical lines mark the advised "
+                 "trim_threshold.",
+                 figure_svg(fig, "break-even"))
+
+
+def approximation_chart(results: RunResults) -> Chart | None:
+    cases = [c for c in results.cases if c.approximation and c.approximation.window_kv_rel_error]
+    if not cases:
+        return None
+    fig = _new_figure()
+    ax = fig.axes[0]
+    values = [v for c in cases for v in c.approximation.window_kv_rel_error if math.isfinite(v)]
+    for n, case in enumerate(cases):
+        errors = [v if math.isfinite(v) else math.nan
+                  for v in case.approximation.window_kv_rel_error]
+        ax.plot(range(1, len(errors) + 1), errors, color=_COLORS[n % len(_COLORS)],
+                marker=_MARKERS.get(case.policy, "o"), linestyle=_STYLES.get(case.policy, "-"),
+                label=safe_label(case.label))
+    if all(v > 0 for v in values):
+        ax.set_yscale("log")
+    elif any(v > 0 for v in values):
+        ax.set_yscale("symlog", linthresh=min(v for v in values if v > 0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("decoder layer after S (depth)")
+    ax.set_ylabel("window-KV relative error")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return Chart("approximation", "Approximation error vs decoder depth",
+                 "Relative error of each decoder layer's window KV against a full prefill; "
+                 "bounded replay's error compounds with depth, halo replay stays at rounding.",
+                 figure_svg(fig, "approximation"))
+
+
+def all_charts(results: RunResults) -> list[Chart]:
+    charts = (latency_chart(results), speedup_chart(results), break_even_chart(results),
+              approximation_chart(results))
+    return [chart for chart in charts if chart is not None]

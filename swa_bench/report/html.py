@@ -1,0 +1,50 @@
+"""report.html: one self-contained page (inline CSS and SVG, no script, no network).
+
+Autoescape is on for everything from the results file; the only markup marked safe is the chart
+SVG, which charts.figure_svg produces from matplotlib (whose text output is escaped) and vets.
+A Content-Security-Policy of default-src 'none' makes the browser refuse any external load that
+might still slip in."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import jinja2
+import yaml
+from markupsafe import Markup
+
+from swa_bench.report import charts, tables
+from swa_bench.results import RunResults
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("swa_bench.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_html(results: RunResults) -> str:
+    rendered_charts = [
+        charts.Chart(c.id, c.title, c.caption, Markup(c.svg)) for c in charts.all_charts(results)
+    ]
+    latency = [r for r in tables.latency_rows(results)
+               if r.reference_ms != tables.MISSING or r.replay_ms != tables.MISSING]
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        results=results,
+        verdict=results.verdict(),
+        verdict_line=tables.verdict_line(results),
+        failures=tables.failure_rows(results),
+        charts=rendered_charts,
+        checks=tables.check_rows(results),
+        latency=latency,
+        advice=tables.advice_rows(results),
+        approximation=tables.approximation_rows(results),
+        environment=tables.environment_rows(results),
+        scenario_text=yaml.safe_dump(results.scenario, sort_keys=False, allow_unicode=True),
+    )

@@ -1,0 +1,74 @@
+"""report.md: GitHub-flavoured markdown, small enough for $GITHUB_STEP_SUMMARY.
+
+Every cell goes through `md_cell`: `|` would split a table row, a newline would end it, and raw
+`<`/`>` would be read as HTML by GitHub's renderer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tabulate import tabulate
+
+from swa_bench.report import tables
+from swa_bench.results import RunResults
+
+_MARKS = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**"}
+
+
+def md_cell(value: object) -> str:
+    text = tables.one_line(str(value))
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|"))
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    cells = [[md_cell(value) for value in row] for row in rows]
+    return tabulate(cells, headers=[md_cell(h) for h in headers], tablefmt="github",
+                    disable_numparse=True)
+
+
+def render_markdown(results: RunResults) -> str:
+    verdict = results.verdict()
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️"}[verdict]
+    out = [f"# swa-bench: {md_cell(results.scenario_name)}", "",
+           f"{icon} **{md_cell(tables.verdict_line(results))}**", ""]
+
+    failures = tables.failure_rows(results)
+    if failures:
+        out += ["## Failures", "",
+                md_table(["case", "check", "result", "detail"],
+                         [(r.case, r.check, _MARKS[r.outcome], r.detail) for r in failures]), ""]
+
+    checks = tables.check_rows(results)
+    out += ["## Checks", ""]
+    out += [md_table(["case", "check", "mode", "result", "worst diagnostic"],
+                     [(r.case, r.check, r.mode, _MARKS[r.outcome], r.detail) for r in checks])
+            if checks else "No checks were run.", ""]
+
+    latency = [r for r in tables.latency_rows(results)
+               if r.reference_ms != tables.MISSING or r.replay_ms != tables.MISSING]
+    if latency:
+        out += ["## Latency", "",
+                md_table(["case", "tokens", "mode", "policy", "threshold", "reference ms",
+                          "replay ms", "speedup", "ideal", "efficiency", "checks"],
+                         [(r.case, r.tokens, r.graph_mode, r.policy, r.trim_threshold,
+                           r.reference_ms, r.replay_ms, r.speedup, r.ideal, r.efficiency,
+                           r.checks) for r in latency]),
+                "", "Times are medians; ideal = FLOPs(reference) / FLOPs(replay); "
+                "efficiency = speedup / ideal.", ""]
+
+    advice = tables.advice_rows(results)
+    if advice:
+        out += ["## Trim threshold advice", "",
+                md_table(["mode", "batch", "recommended trim_threshold", "note"], advice), ""]
+
+    approximation = tables.approximation_rows(results)
+    if approximation:
+        out += ["## Approximation (bounded vs full prefill)", "",
+                md_table(["case", "logits max abs", "KL(full ‖ replay)", "top-1 agreement",
+                          "greedy agreement", "worst window-KV rel error"],
+                         [(r.case, r.logits_max_abs, r.kl, r.top1, r.greedy, r.worst_layer_error)
+                          for r in approximation]), ""]
+
+    out += ["## Environment", "", md_table(["key", "value"], tables.environment_rows(results)), ""]
+    return "\n".join(out)

@@ -1,0 +1,185 @@
+"""The report's tables as formatted cells, shared by the markdown and the HTML report so both say
+the same thing. Cells are plain text; escaping is the renderer's job."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from swa_bench.results import CaseResult, CheckResult, Diagnostic, RunResults, TimingStats
+
+MISSING = "–"
+ENVIRONMENT_KEYS = ("torch", "cuda", "gpu", "driver", "python", "platform", "git_sha", "git_dirty",
+                    "hostname", "threads")
+
+
+def fmt_number(value: float | None, digits: int = 3) -> str:
+    """Significant-digit formatting that stays readable from 1e-9 to 1e6 (and says inf/nan)."""
+    if value is None:
+        return MISSING
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    if 1e-3 <= abs(value) < 1e5:
+        return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits}f}".rstrip(
+            "0").rstrip(".")
+    return f"{value:.{digits - 1}e}"
+
+
+def fmt_ms(stats: TimingStats | None) -> str:
+    if stats is None:
+        return MISSING
+    text = f"{stats.median_ms:.3f}"
+    return f"{text} (noisy)" if stats.noisy else text
+
+
+def fmt_ratio(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}x"
+
+
+def fmt_share(value: float | None) -> str:
+    return MISSING if value is None else f"{100 * value:.1f}%"
+
+
+def describe_diagnostic(diag: Diagnostic) -> str:
+    where = ",".join(str(i) for i in diag.worst_index)
+    return (f"{diag.tensor}: {diag.mismatched}/{diag.total} mismatched ({100 * diag.share:.2g}%), "
+            f"max abs {fmt_number(diag.max_abs)}, max rel {fmt_number(diag.max_rel)} at [{where}]")
+
+
+def describe_check(check: CheckResult) -> str:
+    """The message and the worst tensor: what a reader needs to start debugging a failure."""
+    worst = check.worst_diagnostic()
+    parts = [check.message] if check.message else []
+    if worst is not None and (not check.passed or worst.mismatched or worst.max_abs):
+        parts.append(describe_diagnostic(worst))
+    return "; ".join(parts)
+
+
+def one_line(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    case: str
+    check: str
+    mode: str
+    outcome: str  # "pass" | "fail" | "error"
+    detail: str
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    case: str
+    tokens: int
+    graph_mode: str
+    policy: str
+    trim_threshold: int
+    reference_ms: str
+    replay_ms: str
+    speedup: str
+    ideal: str
+    efficiency: str
+    checks: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class ApproximationRow:
+    case: str
+    logits_max_abs: str
+    kl: str
+    top1: str
+    greedy: str
+    worst_layer_error: str
+
+
+def check_rows(results: RunResults) -> list[CheckRow]:
+    rows = []
+    for case in results.cases:
+        for check in case.checks:
+            rows.append(CheckRow(case=case.label, check=f"{check.id} {check.name}", mode=check.mode,
+                                 outcome="pass" if check.passed else "fail",
+                                 detail=one_line(describe_check(check))))
+        if case.status == "error":
+            rows.append(CheckRow(case=case.label, check="(case raised)", mode=MISSING,
+                                 outcome="error", detail=one_line(case.error)))
+    return rows
+
+
+def failure_rows(results: RunResults) -> list[CheckRow]:
+    return [row for row in check_rows(results) if row.outcome != "pass"]
+
+
+def _checks_cell(case: CaseResult) -> str:
+    if case.status == "error":
+        return "error"
+    failed = case.failed_checks()
+    passed = len(case.checks) - len(failed)
+    cell = f"{passed}/{len(case.checks)}"
+    return f"{cell} (failed: {' '.join(c.id for c in failed)})" if failed else cell
+
+
+def latency_rows(results: RunResults) -> list[LatencyRow]:
+    """Ordered by (graph mode, policy, tokens): how a reader scans for the break-even point."""
+    cases = sorted(results.cases, key=lambda c: (c.graph_mode, c.policy, c.tokens, c.index))
+    rows = []
+    for case in cases:
+        timing = case.timing
+        rows.append(LatencyRow(
+            case=case.label, tokens=case.tokens, graph_mode=case.graph_mode, policy=case.policy,
+            trim_threshold=case.trim_threshold,
+            reference_ms=fmt_ms(timing.reference if timing else None),
+            replay_ms=fmt_ms(timing.replay if timing else None),
+            speedup=fmt_ratio(case.speedup), ideal=fmt_ratio(case.ideal_speedup),
+            efficiency=fmt_share(case.efficiency), checks=_checks_cell(case),
+            outcome=case.outcome()))
+    return rows
+
+
+def approximation_rows(results: RunResults) -> list[ApproximationRow]:
+    rows = []
+    for case in results.cases:
+        approx = case.approximation
+        if approx is None:
+            continue
+        errors = approx.window_kv_rel_error
+        worst = (f"{fmt_number(max(errors))} (layer {errors.index(max(errors))})" if errors
+                 else MISSING)
+        rows.append(ApproximationRow(
+            case=case.label, logits_max_abs=fmt_number(approx.logits_max_abs),
+            kl=fmt_number(approx.kl), top1=fmt_share(approx.top1_agreement),
+            greedy=f"{fmt_share(approx.greedy_agreement)} over {approx.continuation_steps} steps",
+            worst_layer_error=worst))
+    return rows
+
+
+def advice_rows(results: RunResults) -> list[tuple[str, str, str, str]]:
+    return [(a.graph_mode, a.batch,
+             MISSING if a.recommended_trim_threshold is None else str(a.recommended_trim_threshold),
+             one_line(a.note))
+            for a in results.threshold_advice]
+
+
+def environment_rows(results: RunResults) -> list[tuple[str, str]]:
+    """The documented keys first, in a fixed order, then anything else the runner recorded."""
+    env: dict[str, Any] = results.environment
+    keys = [k for k in ENVIRONMENT_KEYS if k in env] + sorted(k for k in env
+                                                               if k not in ENVIRONMENT_KEYS)
+    rows = [(key, MISSING if env[key] is None else one_line(str(env[key]))) for key in keys]
+    rows += [("scenario", results.scenario_name),
+             ("scenario file", results.scenario_file or MISSING),
+             ("scenario hash", results.scenario_hash),
+             ("started", results.started_at), ("finished", results.finished_at or MISSING)]
+    return rows
+
+
+def verdict_line(results: RunResults) -> str:
+    counts = results.counts()
+    verdict = results.verdict().upper()
+    return (f"{verdict}: {counts['passed']} of {counts['cases']} cases passed "
+            f"({counts['failed']} failed, {counts['errors']} raised); "
+            f"{counts['checks_passed']} of {counts['checks']} checks passed")

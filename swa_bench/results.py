@@ -1,0 +1,303 @@
+"""The results of one run (results.json, schema_version 1), its atomic IO and the per-case CSV.
+
+Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
+of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
+as the strings "Infinity"/"NaN": the file stays strict JSON and still round-trips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+SCHEMA_VERSION = 1
+RESULTS_JSON = "results.json"
+RESULTS_CSV = "results.csv"
+
+CaseStatus = Literal["ok", "failed", "error"]
+Verdict = Literal["pass", "fail", "error"]
+
+
+class ResultsError(ValueError):
+    """A results file that is missing or invalid; `str()` is one line: `FILE: field: message`."""
+
+    def __init__(self, file: str | Path, field: str | None, message: str) -> None:
+        self.file = str(file)
+        self.field = field
+        self.message = " ".join(message.split())
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.field:
+            return f"{self.file}: {self.field}: {self.message}"
+        return f"{self.file}: {self.message}"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class Diagnostic(_Strict):
+    """One compared tensor: how many elements differ and where the worst one is."""
+
+    tensor: str
+    mismatched: int
+    total: int
+    share: float
+    max_abs: float
+    max_rel: float
+    worst_index: list[int]
+
+
+class CheckResult(_Strict):
+    id: str  # "E1".."E5", "approximation"
+    name: str
+    passed: bool
+    mode: Literal["bitwise", "tolerance", "bound", "info"]
+    rtol: float | None = None
+    atol: float | None = None
+    message: str = ""
+    diagnostics: list[Diagnostic] = []
+
+    def worst_diagnostic(self) -> Diagnostic | None:
+        """The tensor with the largest mismatched share (then the largest max-abs error)."""
+        if not self.diagnostics:
+            return None
+        return max(self.diagnostics, key=lambda d: (d.share, d.mismatched, d.max_abs))
+
+
+class TimingStats(_Strict):
+    samples_ms: list[float]
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_over_median: float
+    noisy: bool
+
+
+class CaseTiming(_Strict):
+    reference: TimingStats | None = None
+    replay: TimingStats | None = None
+    breakdown_ms: dict[str, float] = {}
+
+
+class Approximation(_Strict):
+    logits_max_abs: float
+    kl: float
+    top1_agreement: float
+    window_kv_rel_error: list[float]  # per decoder layer, in depth order
+    greedy_agreement: float
+    continuation_steps: int
+
+
+class CaseResult(_Strict):
+    case_id: str
+    index: int
+    label: str
+    params: dict[str, Any]
+    status: CaseStatus  # failed: a check failed; error: the case raised
+    error: str | None = None
+    graph_mode: str
+    policy: str
+    trim_threshold: int
+    tokens: int
+    num_requests: int
+    batch: str
+    checks: list[CheckResult] = []
+    timing: CaseTiming | None = None
+    flops: dict[str, int] = {}
+    ideal_speedup: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    peak_memory_bytes: dict[str, int] = {}
+    deterministic: dict[str, int] = {}
+    approximation: Approximation | None = None
+
+    def outcome(self) -> Verdict:
+        """pass/fail/error of this case; a failed check fails the case whatever `status` says."""
+        if self.status == "error":
+            return "error"
+        if self.status == "failed" or any(not c.passed for c in self.checks):
+            return "fail"
+        return "pass"
+
+    def failed_checks(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.passed]
+
+
+class ThresholdAdvice(_Strict):
+    graph_mode: str
+    batch: str
+    recommended_trim_threshold: int | None
+    note: str = ""
+
+
+class RunResults(_Strict):
+    schema_version: Literal[1] = 1
+    scenario_name: str
+    scenario_file: str | None
+    scenario_hash: str
+    scenario: dict[str, Any]
+    environment: dict[str, Any]
+    started_at: str
+    finished_at: str | None = None
+    cases: list[CaseResult] = []
+    threshold_advice: list[ThresholdAdvice] = []
+
+    def verdict(self) -> Verdict:
+        """error if any case raised (or nothing was run: an empty run verifies nothing), else fail
+        if any check failed, else pass."""
+        outcomes = {case.outcome() for case in self.cases}
+        if not self.cases or "error" in outcomes:
+            return "error"
+        return "fail" if "fail" in outcomes else "pass"
+
+    def counts(self) -> dict[str, int]:
+        """Case outcomes and check tallies, for verdict lines."""
+        outcomes = [case.outcome() for case in self.cases]
+        checks = [check for case in self.cases for check in case.checks]
+        return {
+            "cases": len(self.cases),
+            "passed": outcomes.count("pass"),
+            "failed": outcomes.count("fail"),
+            "errors": outcomes.count("error"),
+            "checks": len(checks),
+            "checks_passed": sum(c.passed for c in checks),
+            "checks_failed": sum(not c.passed for c in checks),
+        }
+
+
+def results_json_schema() -> dict[str, Any]:
+    return RunResults.model_json_schema()
+
+
+# --- atomic IO ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`, and move it over `path` only once fully written and synced.
+
+    Readers see the old file or the new one, never a torn one, and a failure leaves `path` as it was
+    and no temp file behind (os.replace is atomic within one directory)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+        with os.fdopen(fd, mode, **kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    with atomic_writer(path) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def results_frame(results: RunResults) -> pd.DataFrame:
+    """One row per case with the columns people sort and plot by; swept params as `param.<path>`."""
+    rows = []
+    for case in results.cases:
+        timing = case.timing or CaseTiming()
+        approx = case.approximation
+        row: dict[str, Any] = {
+            "case_id": case.case_id,
+            "index": case.index,
+            "label": case.label,
+            "status": case.status,
+            "graph_mode": case.graph_mode,
+            "policy": case.policy,
+            "trim_threshold": case.trim_threshold,
+            "tokens": case.tokens,
+            "num_requests": case.num_requests,
+            "batch": case.batch,
+            "checks_passed": sum(c.passed for c in case.checks),
+            "checks_failed": sum(not c.passed for c in case.checks),
+            "failed_checks": " ".join(c.id for c in case.failed_checks()),
+        }
+        for path_name, stats in (("reference", timing.reference), ("replay", timing.replay)):
+            row[f"{path_name}_median_ms"] = stats.median_ms if stats else None
+            row[f"{path_name}_p10_ms"] = stats.p10_ms if stats else None
+            row[f"{path_name}_p90_ms"] = stats.p90_ms if stats else None
+            row[f"{path_name}_noisy"] = stats.noisy if stats else None
+        row.update(
+            speedup=case.speedup,
+            ideal_speedup=case.ideal_speedup,
+            efficiency=case.efficiency,
+            flops_reference=case.flops.get("reference"),
+            flops_replay=case.flops.get("replay"),
+            peak_memory_reference=case.peak_memory_bytes.get("reference"),
+            peak_memory_replay=case.peak_memory_bytes.get("replay"),
+            logits_max_abs=approx.logits_max_abs if approx else None,
+            kl=approx.kl if approx else None,
+            top1_agreement=approx.top1_agreement if approx else None,
+            greedy_agreement=approx.greedy_agreement if approx else None,
+            error=case.error,
+        )
+        for name, value in sorted(case.params.items()):
+            scalar = isinstance(value, (str, int, float, bool))
+            row[f"param.{name}"] = value if scalar else json.dumps(value, sort_keys=True)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def save_results(run_dir: str | Path, results: RunResults) -> tuple[Path, Path]:
+    """Write results.json and results.csv into `run_dir`, each atomically; returns both paths."""
+    run_dir = Path(run_dir)
+    json_path = write_text_atomic(run_dir / RESULTS_JSON, results.model_dump_json(indent=2) + "\n")
+    csv_path = run_dir / RESULTS_CSV
+    with atomic_writer(csv_path) as handle:
+        results_frame(results).to_csv(handle, index=False)
+    return json_path, csv_path
+
+
+def results_path(path_or_run_dir: str | Path) -> Path:
+    path = Path(path_or_run_dir)
+    return path / RESULTS_JSON if path.is_dir() else path
+
+
+def load_results(path_or_run_dir: str | Path) -> RunResults:
+    """Read a run's results.json (given the file or its run dir); raises ResultsError."""
+    path = results_path(path_or_run_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultsError(path, None,
+                           "no such file (expected a run dir or a results.json)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(path, None, f"cannot read: {exc}") from None
+    if not text.strip():
+        raise ResultsError(path, None, "empty file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(path, None, f"invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(path, None, f"top level must be an object, not {type(data).__name__}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ResultsError(path, "schema_version", f"unsupported version {version!r} "
+                           f"(this swa-bench reads {SCHEMA_VERSION})")
+    try:
+        return RunResults.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        more = exc.error_count() - 1
+        suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+        raise ResultsError(path, field, f"{first['msg']}{suffix}") from None

@@ -1,0 +1,171 @@
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from swa_bench.report import render_html, render_junit, render_markdown, write_reports
+from swa_bench.report.charts import all_charts
+from swa_bench.report.markdown import md_cell
+from swa_bench.results import ResultsError, save_results
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def test_write_reports_writes_three_files_atomically(run_dir):
+    paths = write_reports(run_dir)
+    assert [p.name for p in paths] == ["report.md", "report.html", "junit.xml"]
+    assert all(p.parent == run_dir and p.stat().st_size > 0 for p in paths)
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
+    assert write_reports(run_dir / "results.json") == paths
+
+
+def test_write_reports_on_a_broken_run_keeps_earlier_reports(run_dir):
+    write_reports(run_dir)
+    before = {p.name: p.read_text() for p in run_dir.iterdir() if p.name.startswith("report")}
+    (run_dir / "results.json").write_text("{not json")
+    with pytest.raises(ResultsError, match=r"results\.json: invalid JSON"):
+        write_reports(run_dir)
+    assert {p.name: p.read_text() for p in run_dir.iterdir()
+            if p.name.startswith("report")} == before
+
+
+# --- markdown -----------------------------------------------------------------------------------
+
+
+def _table(markdown: str, heading: str) -> list[list[str]]:
+    """The rows of the table under `## heading`, split on unescaped pipes."""
+    section = markdown.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+
+
+def test_markdown_verdict_and_tables(run_results):
+    markdown = render_markdown(run_results)
+    assert "**ERROR: 11 of 13 cases passed (1 failed, 1 raised); 47 of 48 checks passed**" in \
+        markdown
+    checks = _table(markdown, "Checks")
+    assert checks[0] == ["case", "check", "mode", "result", "worst diagnostic"]
+    assert len(checks) == 2 + 48 + 1
+    failing = [row for row in checks if row[3] == "**FAIL**"]
+    assert len(failing) == 1 and failing[0][0] == "piecewise/halo/T=1024"
+    assert "ring.layer3: 96/2048 mismatched" in failing[0][4] and "[1,7,30]" in failing[0][4]
+    latency = _table(markdown, "Latency")
+    assert latency[0][:3] == ["case", "tokens", "mode"] and len(latency[0]) == 11
+    assert len(latency) == 2 + 12
+    eager_bounded = [row for row in latency if row[2] == "eager" and row[3] == "bounded"]
+    assert [row[1] for row in eager_bounded] == ["64", "256", "1024"]
+    assert all(row[7].endswith("x") for row in latency[2:])
+    assert len(_table(markdown, "Approximation (bounded vs full prefill)")) == 2 + 2
+    advice = _table(markdown, "Trim threshold advice")
+    assert advice[2][2] == "256" and advice[3][3] == "replay never wins \\| no data"
+    environment = dict(row for row in _table(markdown, "Environment")[2:])
+    assert environment["git_sha"] == run_results.environment["git_sha"]
+    assert environment["scenario hash"] == run_results.scenario_hash
+
+
+def test_markdown_passing_run_has_no_failures_section(make_run):
+    markdown = render_markdown(make_run(failing=False, error=False))
+    assert "**PASS: 12 of 12 cases passed" in markdown and "## Failures" not in markdown
+
+
+def test_markdown_cells_cannot_break_the_table(make_run):
+    assert md_cell("a|b\nc <b>") == "a\\|b c &lt;b&gt;"
+    results = make_run(scenario_name=HOSTILE)
+    results.cases[0].label = "weird|label\nsplit"
+    markdown = render_markdown(results)
+    assert HOSTILE not in markdown and "&lt;script&gt;" in markdown
+    rows = [r for r in _table(markdown, "Checks") if r[0].startswith("weird")]
+    assert rows and all(len(r) == 5 and r[0] == "weird\\|label split" for r in rows)
+
+
+# --- junit --------------------------------------------------------------------------------------
+
+
+def test_junit_has_a_testcase_per_case_and_check(run_results):
+    root = ET.fromstring(render_junit(run_results))
+    suite = root.find("testsuite")
+    testcases = suite.findall("testcase")
+    expected = [(f"swa_bench.synthetic.{case.label}", f"{check.id} {check.name}")
+                for case in run_results.cases for check in case.checks]
+    checked = [(tc.get("classname"), tc.get("name")) for tc in testcases if tc.get("name") != "run"]
+    assert checked == expected
+    failures = [tc for tc in testcases if tc.find("failure") is not None]
+    assert len(failures) == 1
+    failure = failures[0].find("failure")
+    assert failures[0].get("classname") == "swa_bench.synthetic.piecewise/halo/T=1024"
+    assert failure.get("message").startswith("graph replay differs from eager")
+    assert "ring.layer3: 96/2048" in failure.get("message")
+    assert "kept_outputs: 3/4096" in failure.text and "ring.layer3" in failure.text
+    errors = [tc for tc in testcases if tc.find("error") is not None]
+    assert len(errors) == 1 and errors[0].get("classname").endswith("full/bounded/T=64")
+    assert errors[0].find("error").get("message") == "RuntimeError: CUDA graph capture failed"
+    assert suite.get("tests") == str(len(testcases)) and suite.get("failures") == "1"
+    assert suite.get("errors") == "1"
+
+
+def test_junit_survives_hostile_text(make_run):
+    results = make_run(scenario_name=HOSTILE)
+    results.cases[-1].error = "bad \x00 byte & <tag> \x1b[31m"
+    root = ET.fromstring(render_junit(results))
+    error = root.find(".//error")
+    assert "& <tag>" in error.text and "\x00" not in error.text
+    assert root.find("testsuite").get("name") == f"swa_bench.{HOSTILE}"
+
+
+# --- html ---------------------------------------------------------------------------------------
+
+
+def test_html_is_self_contained(run_results):
+    html = render_html(run_results)
+    assert "http://" not in html and "https://" not in html
+    assert not re.search(r"<script|<link\b|<iframe|<img\b|@import|\bsrc\s*=", html, re.I)
+    assert not re.search(r"url\((?!#)", html)
+    hrefs = re.findall(r"href=\"([^\"]*)\"", html)
+    assert all(h.startswith("#") for h in hrefs)
+
+
+def test_html_escapes_hostile_scenario_text(make_run):
+    results = make_run(scenario_name=HOSTILE)
+    results.cases[0].label = "$<img src=x onerror=alert(2)>$"
+    results.environment["hostname"] = '"><script>alert(3)</script>'
+    html = render_html(results)
+    assert "<script" not in html.lower()
+    assert "<img" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=alert(2)&gt;" in html
+
+
+def test_html_shows_charts_tables_and_failures(run_results):
+    html = render_html(run_results)
+    assert html.count("<svg") == 4
+    for chart in ("latency", "speedup", "break-even", "approximation"):
+        assert f'id="chart-{chart}"' in html
+    for table in ("checks", "latency", "advice", "approximation", "environment"):
+        assert f'<table id="{table}">' in html
+    assert 'class="verdict error"' in html
+    failures = html.split('id="failures"', 1)[1].split("</section>", 1)[0]
+    assert "piecewise/halo/T=1024" in failures and "full/bounded/T=64" in failures
+    assert html.count('<tr class="fail">') == 2  # its check row and its latency row
+
+
+def test_charts_skip_what_has_no_data(make_run):
+    results = make_run()
+    for case in results.cases:
+        case.approximation = None
+    assert [c.id for c in all_charts(results)] == ["latency", "speedup", "break-even"]
+    assert all_charts(results.model_copy(update={"cases": []})) == []
+
+
+def test_chart_svg_ids_do_not_collide(run_results):
+    ids = [re.findall(r'\bid="([^"]+)"', chart.svg) for chart in all_charts(run_results)]
+    flat = [i for chart_ids in ids for i in chart_ids]
+    assert len(flat) == len(set(flat))
+
+
+def test_save_then_reports_round_trip(tmp_path, make_run):
+    results = make_run(failing=False, error=False)
+    save_results(tmp_path, results)
+    md, html, junit = write_reports(tmp_path)
+    assert md.read_text().startswith("# swa-bench: synthetic")
+    assert 'class="verdict pass"' in html.read_text()
+    assert ET.parse(junit).getroot().get("failures") == "0"

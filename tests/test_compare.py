@@ -1,0 +1,232 @@
+import importlib.util
+import io
+import random
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from swa_bench.compare import case_key, compare_command, compare_runs
+from swa_bench.results import CaseTiming, RunResults, save_results
+
+
+def _factory():
+    path = Path(__file__).parent / "report" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("swa_bench_synthetic_results", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+synthetic = _factory()
+
+
+def run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, seed: int = 0,
+        **kwargs) -> RunResults:
+    """A clean synthetic run whose timings are redrawn around `scale` x the base medians."""
+    results = synthetic.synthetic_run(failing=False, error=False, **kwargs)
+    rng = random.Random(seed)
+    for case in results.cases:
+        base = case.timing
+        case.timing = CaseTiming(
+            reference=synthetic.timing_stats(base.reference.median_ms * scale, samples=samples,
+                                             noise=noise, rng=rng),
+            replay=synthetic.timing_stats(base.replay.median_ms * scale, samples=samples,
+                                          noise=noise, rng=rng))
+    return results
+
+
+def statuses(comparison) -> set[str]:
+    return {row.status for row in comparison.rows}
+
+
+def test_identical_runs_pass():
+    baseline = run()
+    comparison = compare_runs(baseline, baseline.model_copy(deep=True))
+    assert statuses(comparison) == {"unchanged"}
+    assert not comparison.regressed and comparison.timing_gated and not comparison.warnings
+
+
+def test_independent_draws_of_the_same_timing_pass():
+    comparison = compare_runs(run(seed=0), run(seed=1))
+    assert not comparison.regressed
+    assert statuses(comparison) <= {"unchanged"}
+
+
+def test_ten_percent_slowdown_with_many_samples_regresses():
+    comparison = compare_runs(run(seed=0), run(scale=1.10, seed=1))
+    assert comparison.regressed
+    assert statuses(comparison) == {"regressed"}
+    row = comparison.rows[0]
+    assert any(r.startswith("replay") and "+" in r and "p=" in r for r in row.reasons)
+    assert {t.verdict for t in row.timings} == {"slower"}
+
+
+def test_ten_percent_slowdown_with_three_samples_only_warns():
+    comparison = compare_runs(run(samples=3, seed=0), run(scale=1.10, samples=3, seed=1))
+    assert not comparison.regressed
+    assert statuses(comparison) == {"warning"}
+    assert all("too few samples" in reason for row in comparison.rows for reason in row.reasons)
+
+
+def test_significant_but_small_slowdown_is_not_a_regression():
+    comparison = compare_runs(run(noise=0.002, seed=0), run(scale=1.03, noise=0.002, seed=1))
+    assert all(t.p_slower < 0.01 for row in comparison.rows for t in row.timings)
+    assert not comparison.regressed
+    stricter = compare_runs(run(noise=0.002, seed=0), run(scale=1.03, noise=0.002, seed=1),
+                            max_slowdown=0.01)
+    assert statuses(stricter) == {"regressed"}
+
+
+def test_ten_percent_speedup_is_an_improvement():
+    comparison = compare_runs(run(seed=0), run(scale=1 / 1.10, seed=1))
+    assert statuses(comparison) == {"improved"} and not comparison.regressed
+
+
+def test_a_check_that_starts_failing_regresses():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    case = current.cases[5]
+    case.checks[0] = case.checks[0].model_copy(update={"passed": False, "message": "kept rows"})
+    case.status = "failed"
+    comparison = compare_runs(baseline, current)
+    regressed = [row for row in comparison.rows if row.status == "regressed"]
+    assert [row.label for row in regressed] == [case.label]
+    assert regressed[0].reasons[0] == "E1 now fails: kept rows"
+    back = compare_runs(current, baseline)
+    assert not back.regressed
+    assert [row.status for row in back.rows if row.label == case.label] == ["improved"]
+
+
+def test_a_case_that_starts_raising_regresses():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    current.cases[0] = current.cases[0].model_copy(
+        update={"status": "error", "error": "RuntimeError: boom", "timing": None, "checks": []})
+    row = compare_runs(baseline, current).rows[0]
+    assert row.status == "regressed" and "case now raises: RuntimeError: boom" in row.reasons
+
+
+def test_missing_case_is_reported_but_does_not_fail():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    dropped = current.cases.pop(3)
+    comparison = compare_runs(baseline, current)
+    assert not comparison.regressed
+    missing = [row for row in comparison.rows if row.status == "missing"]
+    assert [row.label for row in missing] == [dropped.label]
+    assert any("missing" in warning for warning in comparison.warnings)
+    reverse = compare_runs(current, baseline)
+    assert [row.label for row in reverse.rows if row.status == "new"] == [dropped.label]
+    assert not reverse.regressed
+
+
+def test_flop_or_deterministic_change_regresses():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    current.cases[2].flops = {**current.cases[2].flops, "replay": current.cases[2].flops["replay"]
+                              + 1}
+    current.cases[4].deterministic = {**current.cases[4].deterministic, "kept_rows": 999}
+    comparison = compare_runs(baseline, current, gate_timing=False)
+    regressed = {row.label: row.reasons for row in comparison.rows if row.status == "regressed"}
+    assert set(regressed) == {baseline.cases[2].label, baseline.cases[4].label}
+    assert any(r.startswith("flops.replay ") for r in regressed[baseline.cases[2].label])
+    assert any(r.startswith("deterministic.kept_rows ") and r.endswith("-> 999")
+               for r in regressed[baseline.cases[4].label])
+
+
+def test_a_newly_recorded_figure_only_warns():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    current.cases[0].deterministic = {**current.cases[0].deterministic, "breaks": 2}
+    row = compare_runs(baseline, current).rows[0]
+    assert row.status == "warning" and "deterministic.breaks only in current" in row.reasons
+
+
+def test_different_environments_warn_and_do_not_gate_timing():
+    baseline = run(seed=0)
+    current = run(scale=1.10, seed=1)
+    current.environment = {**current.environment, "gpu": "NVIDIA H200", "cuda": "12.8"}
+    comparison = compare_runs(baseline, current)
+    assert not comparison.regressed and not comparison.timing_gated
+    assert any("environments differ" in w and "gpu" in w for w in comparison.warnings)
+    assert statuses(comparison) == {"warning"}
+    assert all("not gated: environments differ" in r
+               for row in comparison.rows for r in row.reasons)
+
+
+def test_timing_gate_off_reports_but_never_regresses():
+    comparison = compare_runs(run(seed=0), run(scale=1.10, seed=1), gate_timing=False)
+    assert not comparison.regressed and statuses(comparison) == {"warning"}
+    assert all(t.verdict == "slower" for row in comparison.rows for t in row.timings)
+
+
+def test_cases_match_by_params_not_position():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    current.cases.reverse()
+    for index, case in enumerate(current.cases):
+        case.index = index
+    comparison = compare_runs(baseline, current)
+    assert statuses(comparison) == {"unchanged"}
+    assert len({case_key(c) for c in baseline.cases}) == len(baseline.cases)
+
+
+# --- compare_command ----------------------------------------------------------------------------
+
+
+def _dirs(tmp_path: Path, baseline: RunResults, current: RunResults) -> tuple[Path, Path]:
+    base_dir, cur_dir = tmp_path / "base", tmp_path / "cur"
+    base_dir.mkdir()
+    cur_dir.mkdir()
+    save_results(base_dir, baseline)
+    save_results(cur_dir, current)
+    return base_dir, cur_dir
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=200, color_system=None), buffer
+
+
+def test_command_exit_codes_and_default_output(tmp_path):
+    base_dir, cur_dir = _dirs(tmp_path, run(seed=0), run(scale=1.10, seed=1))
+    console, buffer = _console()
+    code = compare_command(base_dir, cur_dir / "results.json", max_slowdown=0.05, out=None,
+                           gate_timing=True, console=console)
+    assert code == 1
+    markdown = (cur_dir / "compare.md").read_text()
+    assert markdown.count("**regressed**") == len(run().cases)
+    assert "REGRESSED" in buffer.getvalue()
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, max_slowdown=0.05, out=tmp_path / "c.md",
+                           gate_timing=False, console=console) == 0
+    assert "OK: 0 regressed" in (tmp_path / "c.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["missing", "broken", "negative", "clobber", "no-dir"])
+def test_command_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
+    base_dir, cur_dir = _dirs(tmp_path, run(), run(seed=1))
+    (cur_dir / "compare.md").write_text("earlier")
+    baseline_text = (base_dir / "results.json").read_text()
+    out, max_slowdown, baseline = None, 0.05, base_dir
+    if case == "missing":
+        baseline = tmp_path / "nowhere"
+    elif case == "broken":
+        (base_dir / "results.json").write_text('{"cases": [')
+    elif case == "negative":
+        max_slowdown = -0.1
+    elif case == "clobber":
+        out = base_dir / "results.json"
+    else:
+        out = tmp_path / "absent" / "compare.md"
+    console, _ = _console()
+    code = compare_command(baseline, cur_dir, max_slowdown=max_slowdown, out=out,
+                           gate_timing=True, console=console)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (cur_dir / "compare.md").read_text() == "earlier"
+    if case == "clobber":
+        assert (base_dir / "results.json").read_text() == baseline_text
+        assert "refusing" in err

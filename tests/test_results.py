@@ -1,0 +1,179 @@
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from swa_bench.results import (
+    RESULTS_CSV,
+    RESULTS_JSON,
+    ResultsError,
+    RunResults,
+    atomic_writer,
+    load_results,
+    results_json_schema,
+    save_results,
+)
+
+
+def _factory():
+    path = Path(__file__).parent / "report" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("swa_bench_synthetic_results", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+synthetic_run = _factory().synthetic_run
+
+
+def _no_temp_files(directory: Path) -> bool:
+    return not [p for p in directory.iterdir() if p.name.startswith(".")]
+
+
+def test_round_trip_through_run_dir_and_file(tmp_path):
+    results = synthetic_run()
+    json_path, csv_path = save_results(tmp_path, results)
+    assert json_path == tmp_path / RESULTS_JSON and csv_path == tmp_path / RESULTS_CSV
+    assert load_results(tmp_path) == results
+    assert load_results(json_path) == results
+    assert _no_temp_files(tmp_path)
+
+
+def test_non_finite_floats_stay_strict_json_and_round_trip(tmp_path):
+    results = synthetic_run()
+    results.cases[0].approximation = results.cases[4].approximation.model_copy(
+        update={"kl": math.nan, "logits_max_abs": math.inf})
+    save_results(tmp_path, results)
+
+    def reject(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    json.loads((tmp_path / RESULTS_JSON).read_text(), parse_constant=reject)
+    loaded = load_results(tmp_path)
+    assert math.isnan(loaded.cases[0].approximation.kl)
+    assert loaded.cases[0].approximation.logits_max_abs == math.inf
+    failed = next(c for c in loaded.cases if c.status == "failed").failed_checks()[0]
+    assert failed.diagnostics[0].max_rel == math.inf
+    assert failed.worst_diagnostic().tensor == "ring.layer3"
+
+
+def test_schema_describes_the_saved_file(tmp_path):
+    schema = results_json_schema()
+    assert set(schema["required"]) >= {"scenario_name", "scenario_file", "scenario_hash",
+                                       "scenario", "environment", "started_at"}
+    assert set(schema["properties"]) >= {"schema_version", "cases", "threshold_advice",
+                                         "finished_at"}
+    case_schema = schema["$defs"]["CaseResult"]
+    assert case_schema["additionalProperties"] is False
+    assert {"case_id", "status", "graph_mode", "tokens"} <= set(case_schema["required"])
+    save_results(tmp_path, synthetic_run())
+    text = (tmp_path / RESULTS_JSON).read_text()
+    assert RunResults.model_validate_json(text).scenario_name == "synthetic"
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    data = json.loads(text)
+    data["cases"] = [c for c in data["cases"]
+                     if "Infinity" not in json.dumps(c) and "NaN" not in json.dumps(c)]
+    jsonschema.validate(data, schema)
+
+
+def test_csv_has_one_row_per_case_with_key_columns(tmp_path):
+    results = synthetic_run()
+    save_results(tmp_path, results)
+    frame = pd.read_csv(tmp_path / RESULTS_CSV)
+    assert len(frame) == len(results.cases)
+    for column in ("case_id", "label", "status", "graph_mode", "policy", "tokens",
+                   "reference_median_ms", "replay_median_ms", "speedup", "ideal_speedup",
+                   "flops_reference", "failed_checks", "param.policy"):
+        assert column in frame.columns
+    failing = frame[frame["status"] == "failed"]
+    assert list(failing["failed_checks"]) == ["E3"]
+    first = results.cases[0]
+    assert frame.loc[0, "replay_median_ms"] == pytest.approx(first.timing.replay.median_ms)
+    assert frame.loc[0, "flops_replay"] == first.flops["replay"]
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "report.md"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_writer(target) as handle:
+        handle.write("half written")
+        raise RuntimeError("disk full")
+    assert target.read_text() == "old"
+    assert _no_temp_files(tmp_path)
+
+
+def test_save_replaces_an_earlier_run_in_place(tmp_path):
+    save_results(tmp_path, synthetic_run(error=False))
+    save_results(tmp_path, synthetic_run())
+    assert len(load_results(tmp_path).cases) == len(synthetic_run().cases)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_CSV, RESULTS_JSON]
+
+
+def _broken(tmp_path: Path, mutate) -> Path:
+    data = json.loads(synthetic_run().model_dump_json())
+    mutate(data)
+    path = tmp_path / RESULTS_JSON
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("mutate", "field", "words"), [
+    (lambda d: d["cases"][1].update(status="bogus"), "cases.1.status", "'ok'"),
+    (lambda d: d["cases"][0].update(surprise=1), "cases.0.surprise", "Extra inputs"),
+    (lambda d: d.pop("scenario_hash"), "scenario_hash", "Field required"),
+    (lambda d: d["cases"][0]["checks"][0].update(passed="maybe"), "cases.0.checks.0.passed",
+     "boolean"),
+    (lambda d: d.update(schema_version=2), "schema_version", "unsupported version 2"),
+])
+def test_invalid_content_names_the_field(tmp_path, mutate, field, words):
+    path = _broken(tmp_path, mutate)
+    with pytest.raises(ResultsError) as info:
+        load_results(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {field}: ")
+    assert words in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("", "empty file"),
+    ('{"scenario_name": "x",', "invalid JSON"),
+    ("[1, 2]", "top level must be an object"),
+])
+def test_unparseable_files(tmp_path, text, words):
+    path = tmp_path / RESULTS_JSON
+    path.write_text(text)
+    with pytest.raises(ResultsError) as info:
+        load_results(path)
+    assert str(info.value).startswith(f"{path}: ") and words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_and_empty_run_dir(tmp_path):
+    with pytest.raises(ResultsError, match="no such file"):
+        load_results(tmp_path / "nope.json")
+    with pytest.raises(ResultsError) as info:
+        load_results(tmp_path)
+    assert str(info.value).startswith(str(tmp_path / RESULTS_JSON))
+
+
+def test_verdict_and_counts():
+    assert synthetic_run(failing=False, error=False).verdict() == "pass"
+    assert synthetic_run(failing=True, error=False).verdict() == "fail"
+    assert synthetic_run(failing=True, error=True).verdict() == "error"
+    assert synthetic_run().model_copy(update={"cases": []}).verdict() == "error"
+    counts = synthetic_run().counts()
+    assert counts["cases"] == 13 and counts["errors"] == 1 and counts["failed"] == 1
+    assert counts["checks_failed"] == 1 and counts["checks"] == counts["checks_passed"] + 1
+
+
+def test_a_failed_check_fails_the_case_whatever_its_status():
+    results = synthetic_run(failing=True, error=False)
+    failing = next(c for c in results.cases if c.status == "failed")
+    relabelled = failing.model_copy(update={"status": "ok"})
+    assert relabelled.outcome() == "fail"
