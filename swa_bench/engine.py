@@ -189,9 +189,13 @@ class Engine:
         bounded: bool = False,
     ) -> StepOutput:
         """The full-batch path: every layer on every row. ``bounded`` masks decoder windows below
-        each request's kept start (the bounded reference, SPEC E1)."""
+        each request's kept start under this engine's policy (the bounded reference, SPEC E1)."""
         self.model.attach_cache(self.cache)
         step = self.prepare(requests, tokens, cache_indices)
-        layer_metadata = bounded_reference_metadata(step, self.args) if bounded else None
+        layer_metadata = None
+        if bounded:
+            layer_metadata = bounded_reference_metadata(
+                step, self.args, self.policy, self.halo_align
+            )
         logits, streams = run_eager(self.model, step, layer_metadata=layer_metadata)
         return StepOutput(logits, streams, step, None, None)

@@ -100,15 +100,15 @@ def build_replay_batch(
     return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context)
 
 
-def bounded_reference_metadata(step: StepBatch, args: ModelArgs) -> dict[int, AttentionMetadata]:
+def bounded_reference_metadata(
+    step: StepBatch, args: ModelArgs, policy: Policy = "bounded", halo_align: int = 1
+) -> dict[int, AttentionMetadata]:
     """Decoder-layer metadata of the bounded reference: the whole batch, with each request's
-    window masked below its kept start (layer S keeps the batch starts)."""
-    lens = step_kept_lens(step, "bounded", args)
+    window masked below its kept start under ``policy`` (layer S keeps the batch starts)."""
+    lens = step_kept_lens(step, policy, args, halo_align)
     layouts = [
-        replace(
-            lay, window_start=kept_window_start(lay.window_start, lay.seq_len, k, req.query_len)
-        )
-        for lay, req, k in zip(step.metadata.layouts, step.requests, lens, strict=True)
+        replace(lay, window_start=kept_window_start(lay.window_start, lay.seq_len, k, r.query_len))
+        for lay, r, k in zip(step.metadata.layouts, step.requests, lens, strict=True)
     ]
     metadata = make_metadata(
         layouts,

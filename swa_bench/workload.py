@@ -1,0 +1,61 @@
+"""A step's workload: its requests, their seeded token sequences, the context they start from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swa_bench.engine import Engine
+from swa_bench.model.requests import RequestSpec
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: tuple[RequestSpec, ...]
+    sequences: tuple[tuple[int, ...], ...]  # every request's tokens up to its seq_len
+
+    @classmethod
+    def seeded(cls, requests: Sequence[RequestSpec], vocab: int, seed: int) -> Workload:
+        g = torch.Generator().manual_seed(seed)
+        seqs = tuple(
+            tuple(torch.randint(0, vocab, (r.seq_len,), generator=g).tolist()) for r in requests
+        )
+        return cls(tuple(requests), seqs)
+
+    @property
+    def step_tokens(self) -> list[list[int]]:
+        """Each request's tokens of this step."""
+        return [
+            list(s[r.context_len : r.seq_len])
+            for r, s in zip(self.requests, self.sequences, strict=True)
+        ]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.query_len for r in self.requests)
+
+    def fill_context(self, engine: Engine) -> None:
+        """Runs every request's context (positions below context_len) as a reference prefill, so
+        caches hold what earlier steps (a prefix hit, earlier chunks, a prompt) left."""
+        for i, (r, seq) in enumerate(zip(self.requests, self.sequences, strict=True)):
+            if r.context_len:
+                warm = RequestSpec(prompt_len=r.context_len)
+                engine.reference_step([warm], [list(seq[: r.context_len])], [i])
+
+    def describe(self) -> str:
+        parts = []
+        for r in self.requests:
+            if r.decode:
+                parts.append(f"decode@{r.context_len}")
+            elif r.context_len:
+                parts.append(f"prefill {r.query_len}+{r.context_len}ctx")
+            else:
+                parts.append(f"prefill {r.query_len}")
+        return ", ".join(parts)
+
+
+def decode_requests(requests: Sequence[RequestSpec], step: int) -> list[RequestSpec]:
+    """The decode rows that follow ``requests``' step, ``step`` steps later (0 = the first)."""
+    return [RequestSpec(prompt_len=r.seq_len + step, decode=True) for r in requests]

@@ -1,0 +1,168 @@
+"""E1, E2, E5 and the replay batch's gather/scatter on the mixed batch of issue 3 (tiny, fp32)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from swa_bench.checks import Tolerance, approximation, check_e1, check_e2, check_e5, compare
+from swa_bench.engine import Engine, run_eager
+from swa_bench.model.requests import RequestSpec
+from swa_bench.replay.replay_batch import build_replay_batch
+from swa_bench.workload import Workload
+
+TOL = Tolerance.for_dtype(torch.float32)
+
+
+def mixed_requests(w: int) -> list[RequestSpec]:
+    """A decode row, a prefill trimmed to its last W, prefills of W - 1, W and W + 1, a chunked
+    prefill with cached context, and a prefix-cache hit (replay_start = H - W)."""
+    return [
+        RequestSpec(prompt_len=12, decode=True),
+        RequestSpec(prompt_len=7 * w),
+        RequestSpec(prompt_len=w - 1),
+        RequestSpec(prompt_len=w),
+        RequestSpec(prompt_len=w + 1),
+        RequestSpec(prompt_len=6 * w, cached_len=2 * w, chunk_size=3 * w),
+        RequestSpec(prompt_len=5 * w, cached_len=2 * w + 3),
+    ]
+
+
+@pytest.fixture
+def workload(tiny_args):
+    return Workload.seeded(mixed_requests(tiny_args.window), tiny_args.vocab_size, seed=11)
+
+
+def test_e1_replay_equals_bounded_reference(tiny_model, workload):
+    w = tiny_model.args.window
+    result = check_e1(
+        tiny_model, workload, policy="bounded", halo_align=1, decode_steps=2 * w, tol=TOL
+    )
+    assert result.passed, result.message
+    assert result.mode == "tolerance" and "kept rows" in result.message
+
+
+def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload):
+    result = check_e2(tiny_model, workload, halo_align=1, tol=TOL)
+    assert result.passed, result.message
+    assert "0 rows trimmed" not in result.message
+    metrics = approximation(tiny_model, workload, continuation_steps=tiny_model.args.window)
+    assert metrics.logits_max_abs > 1e-3, "bounded replay must visibly differ from full prefill"
+    assert max(metrics.window_kv_rel_error) > 1e-3
+    assert len(metrics.window_kv_rel_error) == tiny_model.args.n_decoder_layers
+
+
+def test_e5_nothing_to_trim_is_bitwise_reference(tiny_model, workload):
+    result = check_e5(tiny_model, workload, policy="bounded", halo_align=1)
+    assert result.passed, result.message
+    assert result.mode == "bitwise"
+
+
+def test_short_prefills_take_the_whole_batch_route(tiny_model, tiny_args):
+    w = tiny_args.window
+    requests = [RequestSpec(prompt_len=w), RequestSpec(prompt_len=w - 1)]
+    load = Workload.seeded(requests, tiny_args.vocab_size, seed=1)
+    out = Engine(tiny_model).step(load.requests, load.step_tokens)
+    ref = Engine(tiny_model).reference_step(load.requests, load.step_tokens)
+    assert out.replay_batch is None
+    assert compare("logits", out.logits, ref.logits, None) is None
+
+
+def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args):
+    """One decode row, a prefill trimmed to its last W, a prefill of W - 2 kept whole: the replay
+    batch's inputs are the batch rows at the kept indices, trimmed rows' outputs are zero."""
+    w = tiny_args.window
+    requests = [
+        RequestSpec(prompt_len=9, decode=True),
+        RequestSpec(prompt_len=4 * w),
+        RequestSpec(prompt_len=w - 2),
+    ]
+    load = Workload.seeded(requests, tiny_args.vocab_size, seed=5)
+    engine = Engine(tiny_model)
+    load.fill_context(engine)
+    step = engine.prepare(load.requests, load.step_tokens)
+    replay_batch = build_replay_batch(step, "bounded", tiny_args)
+    expected_rows = [0, *range(1 + 4 * w - w, 1 + 4 * w), *range(1 + 4 * w, 1 + 4 * w + w - 2)]
+    assert replay_batch.rows.tolist() == expected_rows
+
+    seen = {}
+    layers = tiny_model.replay_layers
+    original = layers.run_layers
+
+    def spy(batch_kv, *inputs):
+        seen["kv"], seen["inputs"] = batch_kv, inputs
+        outputs = original(batch_kv, *inputs)
+        seen["outputs"] = outputs
+        return outputs
+
+    layers.run_layers = spy
+    captured = {}
+    real_call = type(layers).__call__
+
+    def capture_inputs(self, batch_kv, *inputs):
+        captured["inputs"] = inputs
+        return real_call(self, batch_kv, *inputs)
+
+    try:
+        type(layers).__call__ = capture_inputs
+        engine.model.attach_cache(engine.cache)
+        _, streams = run_eager(tiny_model, step, replay_batch=replay_batch)
+    finally:
+        type(layers).__call__ = real_call
+        layers.run_layers = original
+    rows = replay_batch.rows
+    for batch_input, gathered in zip(captured["inputs"], seen["inputs"], strict=True):
+        assert torch.equal(batch_input.index_select(0, rows), gathered)
+    assert seen["kv"].shape[0] == step.num_tokens, "layer S reads every row's batch KV"
+    trimmed = sorted(set(range(step.num_tokens)) - set(expected_rows))
+    for stream, out in zip(streams, seen["outputs"], strict=True):
+        assert torch.equal(stream[trimmed], torch.zeros_like(stream[trimmed]))
+        assert torch.equal(stream.index_select(0, rows), out)
+
+
+def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
+    """The first replay layer reads the batch KV with batch starts: with kept starts E1 fails."""
+    s = tiny_model.args.last_kv_source
+    engine = Engine(tiny_model)
+    workload.fill_context(engine)
+    reference = Engine(tiny_model)
+    reference.cache.copy_from(engine.cache)
+    step = engine.prepare(workload.requests, workload.step_tokens)
+    replay_batch = build_replay_batch(step, "bounded", tiny_model.args)
+    first = replay_batch.forward_context.layer_metadata[s]
+    kept = replay_batch.forward_context.attn_metadata
+    wrong = dataclasses.replace(
+        first,
+        window_start=kept.window_start,
+        layouts=tuple(
+            dataclasses.replace(lay, window_start=k.window_start)
+            for lay, k in zip(first.layouts, kept.layouts, strict=True)
+        ),
+    )
+    replay_batch.forward_context.layer_metadata[s] = wrong
+    engine.model.attach_cache(engine.cache)
+    logits, _ = run_eager(tiny_model, step, replay_batch=replay_batch)
+    ref = reference.reference_step(workload.requests, workload.step_tokens, bounded=True)
+    assert compare("logits", logits, ref.logits, TOL) is not None
+
+
+def test_trimmed_rows_write_no_ring_slot(tiny_model, workload, tiny_args):
+    """Under replay only kept rows write ring slots: rings hold the reference's values at the
+    last W positions and trash stays the only target of everything else."""
+    w = tiny_args.window
+    engine = Engine(tiny_model)
+    workload.fill_context(engine)
+    step = engine.prepare(workload.requests, workload.step_tokens)
+    replay_batch = build_replay_batch(step, "bounded", tiny_args)
+    trash = tiny_args.max_requests * w
+    first = replay_batch.forward_context.layer_metadata[tiny_args.last_kv_source]
+    kept = set(replay_batch.rows.tolist())
+    for row, slot in enumerate(first.ring_slot.tolist()):
+        if row not in kept:
+            assert slot == trash, f"trimmed batch row {row} writes ring slot {slot}"
+    decoder_meta = replay_batch.forward_context.attn_metadata
+    assert decoder_meta.ring_slot.shape[0] == replay_batch.num_rows
+    for lay in decoder_meta.layouts:
+        slots = decoder_meta.ring_slot[lay.kv_start : lay.kv_start + lay.kv_len].tolist()
+        written = [s for s in slots if s != trash]
+        assert len(written) == min(lay.kv_len, w) == len(set(written))
