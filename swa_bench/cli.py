@@ -186,8 +186,10 @@ def run(
         bool, typer.Option("--dry-run", help="Print the expanded cases and run nothing.")
     ] = False,
     out: Annotated[
-        Path, typer.Option("--out", help="Directory the run's results and reports go to.")
-    ] = Path("reports"),
+        Path | None,
+        typer.Option("--out", help="The run folder (default: reports/<scenario>-<UTC time>).",
+                     show_default=False),
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep cases already finished in --out; run the rest.")
     ] = False,
@@ -213,7 +215,7 @@ def run(
             console.print(table)
         return
     _require(baseline, "baseline")
-    if out.exists() and not out.is_dir():
+    if out is not None and out.exists() and not out.is_dir():
         _say_error(f"{out}: --out exists and is not a directory")
         raise typer.Exit(2)
     from swa_bench.bench.runner import run_scenarios

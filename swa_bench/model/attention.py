@@ -21,7 +21,10 @@ import torch
 from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
 
-SCORE_BUDGET = 1 << 27  # fp32 score elements per chunk (512 MiB)
+
+def score_budget(device: torch.device) -> int:
+    """fp32 score elements per query chunk: 4 GiB on a GPU (few, large GEMMs), 512 MiB on CPU."""
+    return 1 << 30 if device.type == "cuda" else 1 << 27
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ def varlen_attention(
             glob = full
         n_glob_max = 0 if glob is None else glob.shape[0]
         heads = q.shape[1]
-        chunk = max(1, min(lay.q_len, SCORE_BUDGET // (heads * (n_glob_max + 2 * window) + 1)))
+        budget = score_budget(q.device) // (heads * (n_glob_max + 2 * window) + 1)
+        chunk = max(1, min(lay.q_len, budget))
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
             p0, p1 = lay.q_first_pos + c0, lay.q_first_pos + c1  # query positions [p0, p1)

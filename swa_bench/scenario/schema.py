@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from swa_bench.graphs.capture_sizes import default_capture_sizes
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
 from swa_bench.scenario.errors import Loc
@@ -216,12 +217,6 @@ class Sweep(_Strict):
     @property
     def is_empty(self) -> bool:
         return not self.grid and not self.zip
-
-
-def default_capture_sizes(max_size: int) -> list[int]:
-    """vLLM's default CUDA-graph capture sizes, up to ``max_size``."""
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
-    return [s for s in sizes if s <= max_size]
 
 
 class Scenario(_Strict):
