@@ -119,6 +119,8 @@ class CaseResult(_Strict):
     efficiency: float | None = None
     peak_memory_bytes: dict[str, int] = {}
     deterministic: dict[str, int] = {}
+    capture_seconds: float | None = None  # capturing the replay path's graphs, all sizes
+    graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
     approximation: Approximation | None = None
 
     def outcome(self) -> Verdict:

@@ -36,23 +36,30 @@ class GlobalKV:
 
 
 def _softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
-    """Normalises score blocks ``[..., H, n_i]`` together with a per-head sink logit."""
-    shape = parts[0].shape[:-1]
-    sink_col = sink.float().view(*([1] * (len(shape) - 1)), -1, 1).expand(*shape, 1)
-    probs = torch.softmax(torch.cat([*parts, sink_col], dim=-1), dim=-1)
-    return list(probs.split([p.shape[-1] for p in parts] + [1], dim=-1))[:-1]
+    """Normalises fp32 score blocks ``[..., H, n_i]`` together with a per-head sink logit.
+
+    In place, without concatenating the blocks: at long context the scores are the largest
+    tensors of the forward and every extra pass over them costs memory bandwidth.
+    """
+    sink_logit = sink.float().view(*([1] * (parts[0].dim() - 2)), -1)
+    lse = torch.stack([*(torch.logsumexp(p, dim=-1) for p in parts),
+                       sink_logit.expand(parts[0].shape[:-1])]).logsumexp(dim=0)
+    return [p.sub_(lse[..., None]).exp_() for p in parts]
 
 
 def _shared_key_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float):
     """Scores of rows ``q [C, H, D]`` against keys all rows share, ``k [n, D]``; mask ``[C, n]``."""
     c, h, d = q.shape
-    s = (q.reshape(c * h, d) @ k.t()).view(c, h, -1).float() * scale
-    return s.masked_fill(~mask[:, None, :], float("-inf"))
+    s = (q.reshape(c * h, d) @ k.t()).view(c, h, -1).float().mul_(scale)
+    return s.masked_fill_(~mask[:, None, :], float("-inf"))
 
 
 def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     c, h, n = p.shape
     return (p.reshape(c * h, n).to(v.dtype) @ v).view(c, h, -1)
+
+
+WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB
 
 
 def varlen_attention(
@@ -69,47 +76,44 @@ def varlen_attention(
     scale = q.shape[-1] ** -0.5
     out = torch.zeros_like(q)
     ring = cache.ring[layer]
+    offs = torch.arange(window, device=q.device)
+    heads = q.shape[1]
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
-        ring_base = lay.cache_index * window
         glob = None
         if global_kv.source is not None:
             full = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
             if global_kv.ratio > 1:
                 n = lay.seq_len // global_kv.ratio
-                full = (
-                    full[: n * global_kv.ratio].view(n, global_kv.ratio, full.shape[-1]).mean(dim=1)
-                )
+                full = full[: n * global_kv.ratio].view(n, global_kv.ratio, full.shape[-1])
+                full = full.mean(dim=1)
             glob = full
-        n_glob_max = 0 if glob is None else glob.shape[0]
-        heads = q.shape[1]
-        budget = score_budget(q.device) // (heads * (n_glob_max + 2 * window) + 1)
-        chunk = max(1, min(lay.q_len, budget))
+        n_glob = 0 if glob is None else glob.shape[0]
+        budget = score_budget(q.device) // (heads * (n_glob + window) + 1)
+        chunk = max(1, min(lay.q_len, budget, WINDOW_GATHER_ROWS))
+        reads_ring = lay.kv_first_pos > max(lay.window_start, 0)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
             p0, p1 = lay.q_first_pos + c0, lay.q_first_pos + c1  # query positions [p0, p1)
             qc = q[lay.q_start + c0 : lay.q_start + c1]
             qpos = torch.arange(p0, p1, device=q.device)
-
-            lo = max(lay.window_start, p0 - window + 1, 0)
-            ring_hi = min(lay.kv_first_pos, p1)
-            win_keys = []
-            if lo < ring_hi:
-                slots = ring_base + torch.arange(lo, ring_hi, device=q.device) % window
-                win_keys.append(ring.index_select(0, slots))
-            kv_lo = max(lo, lay.kv_first_pos)
-            row0 = lay.kv_start + (kv_lo - lay.kv_first_pos)
-            win_keys.append(kv[row0 : row0 + (p1 - kv_lo)])
-            k_win = torch.cat(win_keys) if len(win_keys) > 1 else win_keys[0]
-            kpos = torch.arange(lo, p1, device=q.device)
-            dist = qpos[:, None] - kpos[None, :]
-            win_mask = (dist >= 0) & (dist < window)
-            parts, values = [_shared_key_scores(qc, k_win, win_mask, scale)], [k_win]
+            kpos = qpos[:, None] - offs[None, :]
+            valid = kpos >= max(lay.window_start, 0)
+            from_kv = kpos >= lay.kv_first_pos
+            kv_row = lay.kv_start + (kpos - lay.kv_first_pos)
+            rows = torch.where(valid & from_kv, kv_row, 0)
+            k_win = kv[rows]
+            if reads_ring and p0 - window + 1 < lay.kv_first_pos:
+                slots = lay.cache_index * window + kpos.remainder(window)
+                from_ring = (valid & ~from_kv)[..., None]
+                k_win = torch.where(from_ring, ring[torch.where(valid, slots, 0)], k_win)
+            s = torch.bmm(qc, k_win.transpose(1, 2)).float().mul_(scale)
+            parts, values = [s.masked_fill_(~valid[:, None, :], float("-inf"))], [k_win]
 
             if glob is not None:
                 if global_kv.ratio > 1:
-                    n = min(p1 // global_kv.ratio, glob.shape[0])
+                    n = min(p1 // global_kv.ratio, n_glob)
                     gpos = torch.arange(n, device=q.device)
                     g_mask = gpos[None, :] < ((qpos + 1) // global_kv.ratio)[:, None]
                 else:
@@ -121,7 +125,9 @@ def varlen_attention(
                     values.append(glob[:n])
 
             probs = _softmax_with_sink(parts, sink)
-            o = sum(_shared_key_values(p, v) for p, v in zip(probs, values, strict=True))
+            o = torch.bmm(probs[0].to(k_win.dtype), k_win)
+            if len(values) > 1:
+                o = o + _shared_key_values(probs[1], values[1])
             out[lay.q_start + c0 : lay.q_start + c1] = o
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
