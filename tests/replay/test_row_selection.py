@@ -1,0 +1,95 @@
+"""Properties of kept rows, window starts and the halo size over random batch compositions,
+against direct definitions written out per row."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swa_bench.model.requests import RequestSpec
+from swa_bench.replay.row_selection import (
+    batch_window_start,
+    halo_size,
+    kept_lens,
+    kept_rows,
+    kept_window_start,
+    query_starts,
+    trims,
+)
+
+
+@st.composite
+def requests(draw):
+    kind = draw(st.sampled_from(["cold", "decode", "cached", "chunked", "logprobs"]))
+    length = draw(st.integers(1, 300))
+    if kind == "decode":
+        return RequestSpec(prompt_len=length, decode=True)
+    if kind == "cold":
+        return RequestSpec(prompt_len=length)
+    if kind == "logprobs":
+        return RequestSpec(prompt_len=length, prompt_logprobs=True)
+    cached = draw(st.integers(0, length - 1))
+    chunk = draw(st.integers(1, 300)) if kind == "chunked" else None
+    return RequestSpec(prompt_len=length, cached_len=cached, chunk_size=chunk)
+
+
+batches = st.lists(requests(), min_size=1, max_size=8)
+windows = st.integers(1, 64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches, windows, st.integers(1, 6), st.sampled_from(["full", "bounded", "halo"]))
+def test_kept_rows_are_each_requests_last_rows(batch, window, depth, policy):
+    halo = halo_size(window, depth)
+    lens = kept_lens(batch, policy, window, halo)
+    rows = kept_rows(batch, lens)
+    starts = query_starts(batch)
+    expected = []
+    for i, r in enumerate(batch):
+        q = r.query_len
+        if policy == "full" or r.decode or r.prompt_logprobs:
+            keep = q
+        else:
+            keep = min(q, window if policy == "bounded" else halo)
+        expected += list(range(starts[i + 1] - keep, starts[i + 1]))
+    assert rows == expected
+    assert rows == sorted(set(rows)), "kept rows are distinct and in batch order"
+    assert trims(batch, lens) == (len(rows) < starts[-1])
+    for i, r in enumerate(batch):
+        assert lens[i] >= min(r.query_len, window), "the last min(q, W) rows are always kept"
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches, windows)
+def test_window_starts(batch, window):
+    halo = halo_size(window, 3)
+    for policy in ("bounded", "halo"):
+        for r, k in zip(batch, kept_lens(batch, policy, window, halo), strict=True):
+            start = batch_window_start(r.context_len, window)
+            assert start == (0 if r.context_len == 0 else max(0, r.context_len - window))
+            kept = kept_window_start(start, r.seq_len, k, r.query_len)
+            assert kept >= start
+            if k < r.query_len:
+                assert kept == r.seq_len - k, "a trimmed request reads only its kept rows"
+            else:
+                assert kept == start, "a request that keeps every row keeps its batch start"
+            # every kept row's window below the kept start was never computed: it is masked
+            first_kept = r.seq_len - k
+            assert kept <= first_kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 256), st.integers(1, 40), st.integers(1, 512))
+def test_halo_covers_the_dependency_cone(window, depth, align):
+    h = halo_size(window, depth, align)
+    assert h % align == 0
+    assert h >= window + (depth - 1) * (window - 1)
+    assert h - (window + (depth - 1) * (window - 1)) < align
+    # the cone of the last row through `depth` window layers reaches back exactly this far
+    reach = 0
+    for _ in range(depth):
+        reach += window - 1
+    assert window + (depth - 1) * (window - 1) == reach + 1
+
+
+def test_v41_flash_halo_matches_the_spec():
+    assert halo_size(128, 19) == 2414
+    assert halo_size(128, 19, align=512) == 2560
