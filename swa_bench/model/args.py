@@ -35,9 +35,6 @@ class ModelArgs:
     n_shared_experts: int = 1
     moe_inter_dim: int = 32
     hc_mult: int = 4
-    index_topk: int | None = None
-    index_n_heads: int = 2
-    index_head_dim: int = 16
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     max_seq_len: int = 256
@@ -70,8 +67,6 @@ class ModelArgs:
             "hc_mult",
             "max_seq_len",
             "max_requests",
-            "index_n_heads",
-            "index_head_dim",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -90,8 +85,6 @@ class ModelArgs:
             out.append(("kv_sources", "must be sorted and without duplicates"))
         elif self.kv_sources[0] < 0 or self.kv_sources[-1] >= self.n_layers:
             out.append(("kv_sources", f"layers must lie in [0, n_layers={self.n_layers})"))
-        if self.index_topk is not None and self.index_topk < 1:
-            out.append(("index_topk", "must be >= 1 or null (dense causal)"))
         return out
 
     @property
