@@ -19,9 +19,8 @@ case "${1:-quick}" in
     cp "$RUNS/graph-modes/results.json" "$OUT/graph-modes.json"
     cp "$RUNS/v41-16k-a/results.json" "$OUT/v41-16k-a.json"
     ;;
-  full)
-    sb run scenarios/v41-flash-shape.yaml --out "$RUNS/v41" > "$OUT/v41.log" 2>&1
-    tail -30 "$OUT/v41.log"
-    cp "$RUNS/v41/results.json" "$OUT/v41.json"; cp "$RUNS/v41/report.md" "$OUT/v41-report.md"
+  eager|piecewise)
+    # v41-flash-shape at 16K and 64K tokens, one graph mode per call (a call runs 10 minutes at most)
+    sb run scenarios/v41-flash-shape.yaml --select "$1/" --out "$OUT/v41-$1" 2>&1 | tee "$OUT/v41-$1.log" | tail -20
     ;;
 esac

@@ -193,6 +193,11 @@ def run(
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep cases already finished in --out; run the rest.")
     ] = False,
+    select: Annotated[
+        str | None,
+        typer.Option("--select", "-k", help="Run only the cases whose label or id contains this.",
+                     show_default=False),
+    ] = None,
     baseline: Annotated[
         Path | None,
         typer.Option("--baseline", help="An earlier run (directory or results.json) to gate "
@@ -221,7 +226,8 @@ def run(
     from swa_bench.bench.runner import run_scenarios
 
     try:
-        code = run_scenarios(paths, out=out, resume=resume, baseline=baseline, console=Console())
+        code = run_scenarios(paths, out=out, resume=resume, baseline=baseline, select=select,
+                             console=Console())
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None

@@ -27,22 +27,23 @@ from swa_bench.bench.flops import count_flops, measure_peak_memory
 from swa_bench.bench.timing import RegionTimer, time_fn
 from swa_bench.engine import Engine, run_eager
 from swa_bench.model.model import Transformer, build_model
-from swa_bench.replay.replay_batch import build_replay_batch
+from swa_bench.replay.replay_batch import build_replay_batch, step_kept_lens
+from swa_bench.replay.row_selection import trims
 from swa_bench.results import (
     CaseResult,
     CaseTiming,
     CheckResult,
+    ResultsError,
     RunResults,
     ThresholdAdvice,
     TimingStats,
     load_results,
     save_results,
 )
-from swa_bench.scenario import Case, Scenario, expand_cases, load_scenario
+from swa_bench.scenario import Case, Scenario, ScenarioError, expand_cases, load_scenario
 from swa_bench.workload import Workload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BREAKDOWN_ITERS = 5
 
 
 class CaseRunner:
@@ -52,6 +53,7 @@ class CaseRunner:
         self.device = resolve_device(scenario.device)
         self.models: dict[str, Transformer] = {}
         self.engines: dict[tuple, Engine] = {}
+        self.flop_counts: dict[tuple, int] = {}
 
     def model(self, case: Case) -> Transformer:
         sc = case.scenario
@@ -59,6 +61,7 @@ class CaseRunner:
         if key not in self.models:
             self.models.clear()
             self.engines.clear()
+            self.flop_counts.clear()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.models[key], _ = build_model(
@@ -71,6 +74,10 @@ class CaseRunner:
         key = (id(model), sc.graph_mode, policy, case.trim_threshold(),
                tuple(sc.resolved_capture_sizes()), sc.eager_trim_threshold, sc.halo_align)
         if key not in self.engines:
+            for other in [k for k in self.engines if k[1] != sc.graph_mode]:
+                del self.engines[other]  # one graph mode's pools at a time
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             self.engines[key] = Engine(
                 model, graph_mode=sc.graph_mode, policy=policy,
                 trim_threshold=case.trim_threshold(), eager_trim_threshold=sc.eager_trim_threshold,
@@ -145,8 +152,9 @@ class CaseRunner:
         return result
 
     def measure(self, case: Case, model: Transformer, workload: Workload, result: CaseResult):
-        """Times the full path and the replay path in the case's graph mode; FLOPs and peak
-        memory of each; the replay step's breakdown."""
+        """Times the full path and the replay path in the case's graph mode, with the replay
+        step's breakdown recorded in the same iterations; peak memory of each (on a GPU over the
+        timed loop itself); FLOPs of each path, counted once per workload and policy."""
         sc, t = case.scenario, case.scenario.timing
         reference = self.engine(case, model, "full")
         replay = self.engine(case, model, sc.policy)
@@ -154,40 +162,44 @@ class CaseRunner:
             workload.fill_context(engine)
             engine.capture()
 
-        def runner(engine: Engine, timer: RegionTimer | None = None):
-            return lambda: engine.step(workload.requests, workload.step_tokens, timer=timer)
-
-        timings = {}
+        timings, peaks, breakdown = {}, {}, {}
         for name, engine in (("reference", reference), ("replay", replay)):
-            stats = time_fn(runner(engine), device=self.device, warmup=t.warmup, iters=t.iters,
-                            l2_flush=t.l2_flush, threads=t.threads)
-            timings[name] = TimingStats(**stats.to_dict())
-        breakdown = {}
-        if t.breakdown:
-            timer = RegionTimer(self.device)
-            for _ in range(max(1, min(BREAKDOWN_ITERS, t.iters))):
-                runner(replay, timer)()
-            breakdown = timer.summary()
+            timer = RegionTimer(self.device) if name == "replay" and t.breakdown else None
+
+            def step(engine=engine, timer=timer):
+                engine.step(workload.requests, workload.step_tokens, timer=timer)
+
+            def timed(step=step, name=name):
+                timings[name] = TimingStats(**time_fn(
+                    step, device=self.device, warmup=t.warmup, iters=t.iters,
+                    l2_flush=t.l2_flush, threads=t.threads,
+                ).to_dict())
+
+            if self.device.type == "cuda":
+                peaks[name] = measure_peak_memory(timed, self.device)
+            else:
+                timed()
+                peaks[name] = measure_peak_memory(step, self.device)
+            if timer is not None:
+                breakdown = timer.summary()
         result.timing = CaseTiming(reference=timings["reference"], replay=timings["replay"],
                                    breakdown_ms=breakdown)
+        result.peak_memory_bytes = peaks
         result.flops = {
-            "reference": count_flops(lambda: _eager_path(reference, workload, None)),
-            "replay": count_flops(lambda: _eager_path(replay, workload, replay.policy)),
+            "reference": self.flops(model, workload, reference, "full"),
+            "replay": self.flops(model, workload, replay, sc.policy),
         }
-        result.peak_memory_bytes = {
-            "reference": measure_peak_memory(runner(reference), self.device),
-            "replay": measure_peak_memory(runner(replay), self.device),
-        }
-        out = replay.step(workload.requests, workload.step_tokens)
         result.ideal_speedup = result.flops["reference"] / max(result.flops["replay"], 1)
         if sc.graph_mode == "full":
             result.ideal_speedup = 1.0  # FULL graphs keep the decoder on the whole batch
         result.speedup = timings["reference"].median_ms / timings["replay"].median_ms
         result.efficiency = result.speedup / result.ideal_speedup
         graphs = replay.graphs
+        lens = step_kept_lens(replay.prepare(workload.requests, workload.step_tokens),
+                              sc.policy, model.args, sc.halo_align)
+        replays = sc.graph_mode != "full" and trims(workload.requests, lens)
         result.deterministic = {
-            "kept_rows": workload.num_tokens if out.replay_batch is None
-            else out.replay_batch.num_rows,
+            "kept_rows": sum(lens) if replays else workload.num_tokens,
             "flops_reference": result.flops["reference"],
             "flops_replay": result.flops["replay"],
             "graphs_captured": 0 if graphs is None else len(graphs.graphs),
@@ -195,10 +207,21 @@ class CaseRunner:
             "graph_breaks": 0 if graphs is None else graphs.stats.breaks,
         }
         if graphs is not None:
-            result.deterministic["padded_tokens"] = out.graph_size or 0
+            result.deterministic["padded_tokens"] = replay.graph_size_for(workload.requests) or 0
             result.capture_seconds = graphs.stats.seconds
             on_cuda = self.device.type == "cuda"
             result.graph_pool_bytes = graphs.stats.pool_bytes if on_cuda else None
+
+    def flops(self, model: Transformer, workload: Workload, engine: Engine, policy: str) -> int:
+        """The path's arithmetic, counted on an eager run (graph replays hide their kernels);
+        equal across graph modes except FULL, which never trims."""
+        replays = policy != "full" and engine.graph_mode != "full"
+        key = (id(model), workload, policy if replays else "full")
+        if key not in self.flop_counts:
+            self.flop_counts[key] = count_flops(
+                lambda: _eager_path(engine, workload, policy if replays else None)
+            )
+        return self.flop_counts[key]
 
 
 def _eager_path(engine: Engine, workload: Workload, policy: str | None):
@@ -302,6 +325,7 @@ def run_dir_for(scenario: Scenario, out: Path | None, resume: bool, several: boo
 def run_scenarios(
     paths: Sequence[Path], *, out: Path | None = None, resume: bool = False,
     baseline: Path | None = None, console: Console | None = None, timing: bool = True,
+    select: str | None = None,
 ) -> int:
     """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's)."""
     console = console or Console()
@@ -309,7 +333,8 @@ def run_scenarios(
     code = 0
     for path, scenario in zip(paths, scenarios, strict=True):
         run_dir = run_dir_for(scenario, out, resume, len(paths) > 1)
-        results = run_one(path, scenario, run_dir, resume=resume, console=console, timing=timing)
+        results = run_one(path, scenario, run_dir, resume=resume, console=console, timing=timing,
+                          select=select)
         if results.verdict() != "pass":
             code = 1
         if baseline is not None:
@@ -322,19 +347,23 @@ def run_scenarios(
 
 def run_one(
     path: Path, scenario: Scenario, run_dir: Path, *, resume: bool, console: Console,
-    timing: bool = True,
+    timing: bool = True, select: str | None = None,
 ) -> RunResults:
     from swa_bench.report import write_reports
 
     cases = expand_cases(scenario)
+    if select is not None:
+        cases = [c for c in cases if select in c.label() or select in c.case_id]
+        if not cases:
+            raise ScenarioError(path, "--select", f"no case label or id contains {select!r}")
     digest = scenario_hash(scenario.source_text)
     run_dir.mkdir(parents=True, exist_ok=True)
     results = None
     if resume and (run_dir / "results.json").exists():
         results = load_results(run_dir)
         if results.scenario_hash != digest:
-            raise ValueError(f"{run_dir / 'results.json'}: scenario_hash: the run was made from "
-                             f"another version of {path}; start a new run")
+            raise ResultsError(run_dir / "results.json", "scenario_hash",
+                               f"the run was made from another version of {path}; start a new run")
     if results is None:
         results = RunResults(
             scenario_name=scenario.name, scenario_file=str(path), scenario_hash=digest,
