@@ -2,8 +2,8 @@
 # Everything that needs the H200, in one call of the device tool (see README "On a GPU").
 # Usage there: bash scripts/device_run.sh [quick|full]; logs and run folders go under $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=/tmp/runs; mkdir -p "$OUT" "$RUNS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 sb() { python3 -m swa_bench "$@"; }

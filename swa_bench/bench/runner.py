@@ -74,8 +74,9 @@ class CaseRunner:
         key = (id(model), sc.graph_mode, policy, case.trim_threshold(),
                tuple(sc.resolved_capture_sizes()), sc.eager_trim_threshold, sc.halo_align)
         if key not in self.engines:
-            for other in [k for k in self.engines if k[1] != sc.graph_mode]:
-                del self.engines[other]  # one graph mode's pools at a time
+            config = key[:2] + key[3:]  # everything but the policy
+            for other in [k for k in self.engines if k[1] != "eager" and k[:2] + k[3:] != config]:
+                del self.engines[other]  # the graph pools of one configuration at a time
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.engines[key] = Engine(

@@ -111,11 +111,16 @@ class SegmentedCapture:
             self._begin()
             self.outputs = fn()
             self._end()
+        except BaseException:
+            if self._open is not None:
+                segment, self._open = self._open, None
+                try:
+                    segment.end()  # leave stream capture; the original error is what matters
+                except Exception:
+                    pass
+            raise
         finally:
             _active = None
-            if self._open is not None:
-                self._open.end()
-                self._open = None
         return self.outputs
 
     def replay(self) -> Any:

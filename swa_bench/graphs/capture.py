@@ -114,9 +114,14 @@ class CapturedGraphs:
     def capture_all(self) -> None:
         start = time.perf_counter()
         before = torch.cuda.memory_reserved(self.device) if self.on_cuda else 0
-        with torch.inference_mode(), replay_threshold(self.model, self.trim_threshold):
-            for size in sorted(self.capture_sizes, reverse=True):
-                self._capture(size)
+        try:
+            with torch.inference_mode(), replay_threshold(self.model, self.trim_threshold):
+                for size in sorted(self.capture_sizes, reverse=True):
+                    self._capture(size)
+        except BaseException:
+            self.graphs.clear()  # never keep a partial set: the next capture starts over
+            self.static_steps.clear()
+            raise
         if self.on_cuda:
             torch.cuda.synchronize(self.device)
             self.stats.pool_bytes = torch.cuda.memory_reserved(self.device) - before
