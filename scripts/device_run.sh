@@ -21,6 +21,8 @@ case "${1:-quick}" in
     ;;
   eager|piecewise)
     # v41-flash-shape at 16K and 64K tokens, one graph mode per call (a call runs 10 minutes at most)
-    sb run scenarios/v41-flash-shape.yaml --select "$1/" --out "$OUT/v41-$1" 2>&1 | tee "$OUT/v41-$1.log" | tail -20
+    # an optional second argument narrows the cases further (a label substring)
+    sb run scenarios/v41-flash-shape.yaml --select "${2:-$1/}" --out "$OUT/v41-$1" 2>&1 \
+      | tee "$OUT/v41-$1.log" | tail -20
     ;;
 esac

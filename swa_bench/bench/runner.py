@@ -10,6 +10,7 @@ error and the sweep goes on.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import traceback
 from collections.abc import Sequence
@@ -78,6 +79,7 @@ class CaseRunner:
             for other in [k for k in self.engines if k[1] != "eager" and k[:2] + k[3:] != config]:
                 del self.engines[other]  # the graph pools of one configuration at a time
             if self.device.type == "cuda":
+                gc.collect()  # captured graphs sit in reference cycles: free their pools now
                 torch.cuda.empty_cache()
             self.engines[key] = Engine(
                 model, graph_mode=sc.graph_mode, policy=policy,

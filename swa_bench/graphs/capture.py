@@ -9,6 +9,7 @@ the static attention kernel and the decoder on the whole batch.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -113,6 +114,9 @@ class CapturedGraphs:
 
     def capture_all(self) -> None:
         start = time.perf_counter()
+        if self.on_cuda:
+            gc.collect()
+            torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device) if self.on_cuda else 0
         try:
             with torch.inference_mode(), replay_threshold(self.model, self.trim_threshold):

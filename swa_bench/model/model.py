@@ -82,20 +82,26 @@ class HyperConnection(nn.Module):
     def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.hc == 1:
             return streams[0], None
-        x = torch.stack(streams, dim=1)
-        gains = self.dynamic(self.norm(x.flatten(1))).float()
+        gains = self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-        mixed = (pre[..., None] * x.float()).sum(dim=1).to(x.dtype)
-        return mixed, post
+        mixed = pre[:, 0:1] * streams[0].float()
+        for j in range(1, self.hc):
+            mixed.addcmul_(pre[:, j : j + 1], streams[j].float())
+        return mixed.to(streams[0].dtype), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
         if self.hc == 1:
             return (streams[0] + out,)
-        x = torch.stack(streams, dim=1).float()
         mix = sinkhorn(self.res_logits.float())
-        y = torch.einsum("ij,tjd->tid", mix, x) + post[..., None] * out.float()[:, None, :]
-        return tuple(y.to(out.dtype).unbind(dim=1))
+        out_f = out.float()
+        mixed = []
+        for i in range(self.hc):  # one stream at a time: fp32 temporaries of one stream's size
+            y = post[:, i : i + 1] * out_f
+            for j in range(self.hc):
+                y.addcmul_(streams[j].float(), mix[i, j])
+            mixed.append(y.to(out.dtype))
+        return tuple(mixed)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int = 8) -> torch.Tensor:
