@@ -150,25 +150,35 @@ class Attention(nn.Module):
             self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
         return kv
 
+    def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
+        return apply_rope(q, positions, self.args.rope_dim, self.args.rope_theta)
+
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
         """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
-        meta = get_forward_context().metadata_for(self.layer)
-        q = self.wq_b(self.q_norm(self.wq_a(x))).view(-1, self.n_heads, self.head_dim)
-        q = apply_rope(q, meta.positions, self.args.rope_dim, self.args.rope_theta)
+        q_latent = self.q_norm(self.wq_a(x))
         if kv is None:
             kv = self.project_kv(x)
-        o = attention_op(q, kv, self.layer, self)
+        o = attention_op(q_latent, kv, self.layer, self)
         o = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1])
         o = torch.einsum("tgi,gir->tgr", o, self.wo_a)
         return self.wo_b(o.flatten(1))
 
 
 @eager_break("attention")
-def attention_op(q: torch.Tensor, kv: torch.Tensor, layer: int, attn: Attention) -> torch.Tensor:
-    """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata)."""
+def attention_op(
+    q_latent: torch.Tensor, kv: torch.Tensor, layer: int, attn: Attention
+) -> torch.Tensor:
+    """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata).
+
+    It takes the low-rank query latent, not the heads: a captured graph keeps every break's
+    inputs alive, and at 64K tokens 64 heads x 512 of query per layer would fill the GPU.
+    """
     ctx = get_forward_context()
+    meta = ctx.metadata_for(layer)
+    q = attn.project_q(q_latent, meta.positions)
     kernel = static_attention if ctx.attention_backend == "static" else varlen_attention
-    return kernel(q, kv, ctx.metadata_for(layer), attn.cache, layer, attn.global_kv, attn.sink)
+    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink)
 
 
 class MoE(nn.Module):
