@@ -1,0 +1,124 @@
+"""The case runner: end to end, resume after a kill, a raising case, the results schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from swa_bench import checks
+from swa_bench.bench.runner import CaseRunner, run_scenarios
+from swa_bench.cli import app
+from swa_bench.results import RunResults, load_results
+from swa_bench.scenario import default_scenario_path, expand_cases, load_scenario
+
+SMALL_SWEEP = """\
+name: runner-test
+device: cpu
+model: {preset: tiny}
+workload:
+  requests:
+    - {prompt_len: 20}
+    - {prompt_len: 9, decode: true}
+policy: bounded
+sweep:
+  grid:
+    workload.requests.0.prompt_len: [12, 20, 30]
+checks:
+  e1: {}
+  e2: {enabled: false}
+  e3: {enabled: false}
+  e4: {enabled: false}
+  e5: {enabled: false}
+timing: {enabled: true, warmup: 0, iters: 2, breakdown: true}
+"""
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "runner-test.yaml"
+    path.write_text(SMALL_SWEEP)
+    return path
+
+
+def quiet() -> Console:
+    return Console(file=open("/dev/null", "w"), width=200)  # noqa: SIM115
+
+
+def test_default_run_end_to_end(tmp_path, monkeypatch):
+    """`swa-bench run` with no argument: the smoke scenario, a table, a valid results.json."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "smoke")])
+    assert result.exit_code == 0, result.output
+    assert "reference ms" in result.output and "PASS" in result.output
+    results = load_results(tmp_path / "smoke")
+    assert results.verdict() == "pass"
+    assert len(results.cases) == len(expand_cases(load_scenario(default_scenario_path())))
+    for name in ("results.json", "results.csv", "report.md", "report.html", "junit.xml"):
+        assert (tmp_path / "smoke" / name).exists()
+    case = results.cases[0]
+    assert case.timing.reference.samples_ms and case.flops["reference"] > case.flops["replay"] > 0
+
+
+def test_results_json_validates_against_its_schema(scenario_file, tmp_path):
+    out = tmp_path / "run"
+    assert run_scenarios([scenario_file], out=out, console=quiet()) == 0
+    raw = json.loads((out / "results.json").read_text())
+    RunResults.model_validate(raw)
+    schema = RunResults.model_json_schema()
+    assert set(schema["required"]) <= set(raw)
+    case = raw["cases"][0]
+    assert set(case["timing"]["breakdown_ms"]) == {"prepare", "gather", "layers", "scatter"}
+    assert case["deterministic"]["kept_rows"] == 8 + 1  # the prefill keeps W rows, the decode 1
+
+
+def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real = CaseRunner.run_case
+    calls: list[str] = []
+
+    def killed_after_first(self, case, **kwargs):
+        if calls:
+            raise KeyboardInterrupt  # the process dies mid-sweep
+        calls.append(case.case_id)
+        return real(self, case, **kwargs)
+
+    monkeypatch.setattr(CaseRunner, "run_case", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        run_scenarios([scenario_file], out=out, console=quiet())
+    finished = load_results(out)
+    assert [c.case_id for c in finished.cases] == calls
+
+    resumed: list[str] = []
+
+    def counting(self, case, **kwargs):
+        resumed.append(case.case_id)
+        return real(self, case, **kwargs)
+
+    monkeypatch.setattr(CaseRunner, "run_case", counting)
+    assert run_scenarios([scenario_file], out=out, resume=True, console=quiet()) == 0
+    all_ids = [c.case_id for c in expand_cases(load_scenario(scenario_file))]
+    assert sorted(resumed) == sorted(set(all_ids) - set(calls))
+    assert sorted(c.case_id for c in load_results(out).cases) == sorted(all_ids)
+
+
+def test_a_case_that_raises_is_recorded_and_the_others_run(scenario_file, tmp_path, monkeypatch):
+    real = checks.check_e1
+
+    def flaky(model, workload, **kwargs):
+        if workload.requests[0].prompt_len == 20:
+            raise RuntimeError("boom in the middle case")
+        return real(model, workload, **kwargs)
+
+    monkeypatch.setattr(checks, "check_e1", flaky)
+    out = tmp_path / "run"
+    assert run_scenarios([scenario_file], out=out, console=quiet()) == 1
+    results = load_results(out)
+    statuses = {c.params["workload.requests.0.prompt_len"]: c.status for c in results.cases}
+    assert statuses == {12: "ok", 20: "error", 30: "ok"}
+    broken = next(c for c in results.cases if c.status == "error")
+    assert "boom in the middle case" in broken.error
+    assert results.verdict() == "error"
