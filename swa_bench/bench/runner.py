@@ -37,7 +37,6 @@ from swa_bench.results import (
     ResultsError,
     RunResults,
     ThresholdAdvice,
-    TimingStats,
     load_results,
     save_results,
 )
@@ -173,10 +172,10 @@ class CaseRunner:
                 engine.step(workload.requests, workload.step_tokens, timer=timer)
 
             def timed(step=step, name=name):
-                timings[name] = TimingStats(**time_fn(
+                timings[name] = time_fn(
                     step, device=self.device, warmup=t.warmup, iters=t.iters,
                     l2_flush=t.l2_flush, threads=t.threads,
-                ).to_dict())
+                )
 
             if self.device.type == "cuda":
                 peaks[name] = measure_peak_memory(timed, self.device)

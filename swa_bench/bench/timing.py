@@ -10,27 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass
 
 import torch
 
+from swa_bench.results import TimingStats
+
 NOISE_THRESHOLD = 0.10
 L2_FALLBACK_BYTES = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class TimingStats:
-    """Summary of one timed loop; ``samples_ms`` is kept so reports can re-summarize."""
-
-    samples_ms: list[float]
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    iqr_over_median: float
-    noisy: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
