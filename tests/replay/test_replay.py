@@ -166,3 +166,16 @@ def test_trimmed_rows_write_no_ring_slot(tiny_model, workload, tiny_args):
         slots = decoder_meta.ring_slot[lay.kv_start : lay.kv_start + lay.kv_len].tolist()
         written = [s for s in slots if s != trash]
         assert len(written) == min(lay.kv_len, w) == len(set(written))
+
+
+def test_e1_holds_when_attention_runs_in_many_query_chunks(tiny_model, workload, monkeypatch):
+    """Long prompts on a GPU run attention in query chunks; force tiny chunks here so the chunked
+    path (and its ring reads at chunk edges) is what E1 compares."""
+    from swa_bench.model import attention
+
+    monkeypatch.setattr(attention, "score_budget", lambda device: 512)
+    result = check_e1(tiny_model, workload, policy="bounded", halo_align=1, decode_steps=2,
+                      tol=TOL)
+    assert result.passed, result.message
+    e2 = check_e2(tiny_model, workload, halo_align=1, tol=TOL)
+    assert e2.passed, e2.message
