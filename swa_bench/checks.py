@@ -183,12 +183,8 @@ def check_e1(
         f"{policy} replay == bounded reference",
         diags,
         tol,
-        f"{out_rows(rows)} kept rows, {decode_steps} decode steps",
+        f"{rows.shape[0]} kept rows, {decode_steps} decode steps",
     )
-
-
-def out_rows(rows: torch.Tensor) -> int:
-    return int(rows.shape[0])
 
 
 def _last_tokens(out: StepOutput, argmax: list[int]) -> list[int]:
@@ -266,7 +262,7 @@ def check_e3(
         out = graph.step(requests, tokens)
         size = graph.graph_size_for(requests)
         sizes.append(size)
-        ref_logits = _eager_at_shape(graph, eager, requests, tokens, size)
+        ref_logits, _ = eager_at_padded_shape(graph, eager, requests, tokens)
         diags.append(compare(f"step{step}.logits", out.logits, ref_logits, None))
         diags += _caches(f"step{step}.cache.", graph, eager, None)
         next_tokens = _last_tokens(out, out.logits.argmax(-1).tolist())
@@ -276,18 +272,21 @@ def check_e3(
     return _result("E3", f"{graph_mode} replay == eager", diags, None, note)
 
 
-def _eager_at_shape(graph: Engine, eager: Engine, requests, tokens, size: int | None):
+def eager_at_padded_shape(graph: Engine, eager: Engine, requests, tokens):
+    """The eager forward E3 compares a graph step with: the graph's padded shape, replay
+    decision and attention kernel, run on ``eager``'s cache. Returns (logits, streams)."""
+    size = graph.graph_size_for(requests)
     if size is None:
         step = eager.prepare(requests, tokens)
-        replay_batch = eager.eager_replay_batch(step)
+        replay_batch = graph.eager_replay_batch(step)
         backend = "varlen"
     else:
         step = eager.prepare(requests, tokens, pad_to=size, logit_slots=eager.logit_slots)
         replay_batch = graph.graphs.replay_batch_for(step, size)
         backend = graph.graphs.attention_backend
     eager.model.attach_cache(eager.cache)
-    logits, _ = run_eager(eager.model, step, replay_batch=replay_batch, backend=backend)
-    return logits[: step.num_logits]
+    logits, streams = run_eager(eager.model, step, replay_batch=replay_batch, backend=backend)
+    return logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams)
 
 
 def check_e4(model: Transformer, workload: Workload, *, tol: Tolerance) -> CheckResult:

@@ -66,8 +66,6 @@ def set_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         _current = previous
 
 
-override_forward_context = set_forward_context
-
 
 def in_piecewise_graph() -> bool:
     return _current is not None and _current.in_piecewise_graph

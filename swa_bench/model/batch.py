@@ -149,10 +149,6 @@ class StepBatch:
     def num_padded(self) -> int:
         return self.input_ids.shape[0]
 
-    @property
-    def query_starts(self) -> list[int]:
-        return query_starts(self.requests)
-
     def logit_rows(self) -> list[tuple[int, int]]:
         """(request index, position) of each returned logits row, in order."""
         rows = []

@@ -47,13 +47,6 @@ class KVCache:
         base = cache_index * self.args.max_seq_len
         return self.latent[source][base : base + length]
 
-    def clone(self) -> KVCache:
-        other = KVCache.__new__(KVCache)
-        other.args = self.args
-        other.ring = [t.clone() for t in self.ring]
-        other.latent = {s: t.clone() for s, t in self.latent.items()}
-        return other
-
     def copy_from(self, other: KVCache) -> None:
         for mine, theirs in zip(self._raw(), other._raw(), strict=True):
             mine.copy_(theirs)

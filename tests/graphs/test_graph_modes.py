@@ -6,13 +6,13 @@ Runs on the CPU stand-in everywhere and on real CUDA graphs where a GPU is prese
 import pytest
 import torch
 
-from swa_bench.engine import Engine, run_eager
+from swa_bench.checks import eager_at_padded_shape
+from swa_bench.engine import Engine
 from swa_bench.graphs.breakable import BreakBuffers, SegmentedCapture
 from swa_bench.graphs.standin import CaptureError, TapeSegment
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.replay.replay_batch import build_replay_batch
-from tests.helpers import fill_context, step_tokens, tokens_for
+from swa_bench.workload import Workload
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 CAPTURE_SIZES = [8, 16, 32, 64]
@@ -30,23 +30,6 @@ def steps(window: int) -> list[list[RequestSpec]]:
         [RequestSpec(prompt_len=40, cached_len=3), RequestSpec(prompt_len=window + 1)],
         [RequestSpec(prompt_len=70)],
     ]
-
-
-def eager_at_same_shape(graph_engine: Engine, eager: Engine, requests, tokens):
-    """The eager forward at the graph's padded shape, with the graph's replay decision."""
-    size = graph_engine.graph_size_for(requests)
-    if size is None:
-        step = eager.prepare(requests, tokens)
-        replay_batch = build_replay_batch(step, graph_engine.policy, eager.args)
-        backend = "varlen"
-    else:
-        step = eager.prepare(requests, tokens, pad_to=size, logit_slots=eager.logit_slots)
-        graphs = graph_engine.graphs
-        replay_batch = graphs.replay_batch_for(step, size)
-        backend = graphs.attention_backend
-    eager.model.attach_cache(eager.cache)
-    logits, streams = run_eager(eager.model, step, replay_batch=replay_batch, backend=backend)
-    return logits[: step.num_logits], [s[: step.num_tokens] for s in streams], size
 
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
@@ -70,12 +53,13 @@ def test_graph_replay_is_bitwise_eager(tiny_args, device, mode):
     eager = Engine(model)
     seen_sizes = []
     for i, requests in enumerate(steps(tiny_args.window)):
-        seqs = tokens_for(requests, tiny_args.vocab_size, seed=100 + i)
-        fill_context(eager, requests, seqs)
+        load = Workload.seeded(requests, tiny_args.vocab_size, 100 + i)
+        load.fill_context(eager)
         graph.cache.copy_from(eager.cache)
-        tokens = step_tokens(requests, seqs)
+        tokens = load.step_tokens
         out = graph.step(requests, tokens)
-        logits, streams, size = eager_at_same_shape(graph, eager, requests, tokens)
+        logits, streams = eager_at_padded_shape(graph, eager, requests, tokens)
+        size = graph.graph_size_for(requests)
         seen_sizes.append(size)
         assert out.graph_size == size
         assert_bitwise(out.logits, logits, f"step {i} logits")
@@ -117,9 +101,9 @@ def test_break_buffers_keep_their_address(tiny_args, device):
             for out in getattr(step, "outputs", ()):
                 assert any(out.data_ptr() == p for p in ptrs.values())
     requests = [RequestSpec(prompt_len=20)]
-    seqs = tokens_for(requests, tiny_args.vocab_size)
+    load = Workload.seeded(requests, tiny_args.vocab_size, 0)
     for _ in range(2):
-        engine.step(requests, step_tokens(requests, seqs))
+        engine.step(requests, load.step_tokens)
         assert {k: b.data_ptr() for k, b in buffers.items()} == ptrs
 
 

@@ -5,7 +5,7 @@ import torch
 
 from swa_bench.engine import Engine
 from swa_bench.model.requests import RequestSpec
-from tests.helpers import fill_context, step_tokens, tokens_for
+from swa_bench.workload import Workload
 
 TOL = dict(rtol=1.3e-6 * 10, atol=1e-5)
 
@@ -29,7 +29,8 @@ def decode_one_by_one(model, length: int, seq) -> tuple[torch.Tensor, Engine]:
 
 @pytest.mark.parametrize("length", [5, 8, 21])
 def test_prefill_equals_token_by_token_decode(tiny_model, length):
-    seq = tokens_for([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, seed=length)[0]
+    seq = Workload.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, length)
+    seq = list(seq.sequences[0])
     logits, prefill = prefill_logits(tiny_model, length, seq)
     oracle, decode = decode_one_by_one(tiny_model, length, seq)
     torch.testing.assert_close(logits, oracle, **TOL)
@@ -40,7 +41,8 @@ def test_prefill_equals_token_by_token_decode(tiny_model, length):
 @pytest.mark.parametrize("chunk", [3, 8, 13])
 def test_chunked_prefill_equals_one_prefill(tiny_model, chunk):
     length = 30
-    seq = tokens_for([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, seed=7)[0]
+    seq = Workload.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, 7)
+    seq = list(seq.sequences[0])
     whole, whole_engine = prefill_logits(tiny_model, length, seq)
     engine = Engine(tiny_model)
     rows = []
@@ -62,14 +64,15 @@ def test_mixed_batch_equals_each_request_alone(tiny_model):
         RequestSpec(prompt_len=40, cached_len=16, chunk_size=10),
         RequestSpec(prompt_len=30, cached_len=20),
     ]
-    seqs = tokens_for(requests, tiny_model.args.vocab_size, seed=3)
+    load = Workload.seeded(requests, tiny_model.args.vocab_size, 3)
     batch = Engine(tiny_model)
-    fill_context(batch, requests, seqs)
-    mixed = batch.reference_step(requests, step_tokens(requests, seqs))
+    load.fill_context(batch)
+    mixed = batch.reference_step(requests, load.step_tokens)
     for i, req in enumerate(requests):
+        one = Workload((req,), (load.sequences[i],))
         alone = Engine(tiny_model)
-        fill_context(alone, [req], [seqs[i]])
-        out = alone.reference_step([req], step_tokens([req], [seqs[i]]), [0])
+        one.fill_context(alone)
+        out = alone.reference_step([req], one.step_tokens, [0])
         torch.testing.assert_close(mixed.logits[i : i + 1], out.logits, **TOL)
         w = tiny_model.args.window
         for layer in range(tiny_model.args.n_layers):
