@@ -71,9 +71,9 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.ClickException as err:
             _say_error(f"swa-bench: {err.format_message()}")
             sys.exit(err.exit_code)
-        except click_exceptions.Abort:
-            _say_error("swa-bench: aborted")
-            sys.exit(1)
+        except KeyboardInterrupt:
+            _say_error("swa-bench: interrupted (finished cases are kept; --resume continues)")
+            sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -95,10 +95,8 @@ ScenarioFiles = Annotated[
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean bad input: ScenarioError, and ResultsError for run directories."""
-    try:
-        from swa_bench.results import ResultsError
-    except ImportError:
-        return (ScenarioError,)
+    from swa_bench.results import ResultsError
+
     return (ScenarioError, ResultsError)
 
 

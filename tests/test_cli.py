@@ -240,3 +240,14 @@ def test_user_errors_from_the_hand_off_are_one_line(monkeypatch, tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2
     assert result.stderr == f"{tmp_path / 'results.json'}: cases.0.status: not a status\n"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without GPU")
+def test_cuda_scenario_without_gpu_is_bad_input(tmp_path):
+    out = tmp_path / "run"
+    proc = swa_bench("run", "scenarios/v41-flash-shape-16k.yaml", "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "scenarios/v41-flash-shape-16k.yaml: device: cuda requested but no GPU is visible"
+    )
+    assert not out.exists(), "nothing is written for bad input"

@@ -50,7 +50,7 @@ class CaseRunner:
     """Shares models and engines across the cases of one scenario."""
 
     def __init__(self, scenario: Scenario) -> None:
-        self.device = resolve_device(scenario.device)
+        self.device = resolve_device(scenario)
         self.models: dict[str, Transformer] = {}
         self.engines: dict[tuple, Engine] = {}
         self.flop_counts: dict[tuple, int] = {}
@@ -236,12 +236,13 @@ def _eager_path(engine: Engine, workload: Workload, policy: str | None):
     return run_eager(engine.model, step, replay_batch=replay_batch)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
+def resolve_device(scenario: Scenario) -> torch.device:
+    """``auto`` takes the GPU when there is one; asking for ``cuda`` without one is bad input."""
+    if scenario.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("the scenario asks for device: cuda but no GPU is available")
-    return torch.device(device)
+    if scenario.device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError(scenario.source_path, "device", "cuda requested but no GPU is visible")
+    return torch.device(scenario.device)
 
 
 def threshold_advice(cases: Sequence[CaseResult], window: int) -> list[ThresholdAdvice]:
@@ -353,6 +354,7 @@ def run_one(
 ) -> RunResults:
     from swa_bench.report import write_reports
 
+    runner = CaseRunner(scenario)
     cases = expand_cases(scenario)
     if select is not None:
         cases = [c for c in cases if select in c.label() or select in c.case_id]
@@ -375,7 +377,6 @@ def run_one(
         )
     done = {c.case_id for c in results.cases if c.status != "error"}
     results.cases = [c for c in results.cases if c.case_id in done]
-    runner = CaseRunner(scenario)
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
