@@ -35,6 +35,11 @@ class ModelArgs:
     n_shared_experts: int = 1
     moe_inter_dim: int = 32
     hc_mult: int = 4
+    # The real model's sparse attention: S and the decoder read only the index_topk global positions
+    # an indexer scores highest. None is dense causal attention over S's global KV.
+    index_topk: int | None = None
+    index_n_heads: int = 4
+    index_head_dim: int = 32
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     max_seq_len: int = 256
@@ -67,6 +72,8 @@ class ModelArgs:
             "hc_mult",
             "max_seq_len",
             "max_requests",
+            "index_n_heads",
+            "index_head_dim",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -79,6 +86,8 @@ class ModelArgs:
             out.append(("n_activated_experts", "must not exceed n_routed_experts"))
         if self.n_heads % max(self.o_groups, 1):
             out.append(("o_groups", f"must divide n_heads={self.n_heads}"))
+        if self.index_topk is not None and self.index_topk < 1:
+            out.append(("index_topk", "must be >= 1, or null for dense causal attention"))
         if not self.kv_sources:
             out.append(("kv_sources", "needs at least one KV-source layer"))
         elif sorted(set(self.kv_sources)) != self.kv_sources:

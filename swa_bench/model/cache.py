@@ -27,15 +27,24 @@ class KVCache:
             s: torch.zeros(global_rows, args.head_dim, device=device, dtype=dtype)
             for s in args.kv_sources
         }
+        # S's indexer keys for every position (only with the top-k indexer).
+        self.index_keys = None
+        if args.index_topk is not None:
+            self.index_keys = torch.zeros(
+                global_rows, args.index_head_dim, device=device, dtype=dtype
+            )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every cache by name, without the trash rows: the state a step leaves behind."""
         out = {f"ring.{i}": t[:-1] for i, t in enumerate(self.ring)}
         out.update({f"latent.{s}": t[:-1] for s, t in self.latent.items()})
+        if self.index_keys is not None:
+            out["index_keys"] = self.index_keys[:-1]
         return out
 
     def _raw(self) -> list[torch.Tensor]:
-        return [*self.ring, *self.latent.values()]
+        extra = [] if self.index_keys is None else [self.index_keys]
+        return [*self.ring, *self.latent.values(), *extra]
 
     def ring_window(self, layer: int, cache_index: int) -> torch.Tensor:
         """The request's W ring slots of ``layer`` (slot = position mod W)."""

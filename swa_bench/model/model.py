@@ -25,7 +25,7 @@ from torch import nn
 from swa_bench.forward_context import get_forward_context
 from swa_bench.graphs.breakable import eager_break
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
+from swa_bench.model.attention import GlobalKV, IndexQuery, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
 from swa_bench.replay.replay_layers import DecoderReplayLayers
 
@@ -136,6 +136,22 @@ class Attention(nn.Module):
         else:
             self.global_kv = GlobalKV(source, args.compress_ratio)
         self.cache: KVCache | None = None
+        self.index_topk = args.index_topk if layer >= args.last_kv_source else None
+        if self.index_topk is not None:
+            n_index, d_index = args.index_n_heads, args.index_head_dim
+            self.wq_index = nn.Linear(args.q_lora_rank, n_index * d_index, bias=False)
+            self.w_index = nn.Linear(args.q_lora_rank, n_index, bias=False)
+        self.writes_index_keys = self.index_topk is not None and layer == args.last_kv_source
+        if self.writes_index_keys:
+            self.wk_index = nn.Linear(args.dim, args.index_head_dim, bias=False)
+
+    def index_query(self, q_latent: torch.Tensor) -> IndexQuery | None:
+        """The indexer's queries for S and the decoder (None: dense causal global attention)."""
+        if self.index_topk is None:
+            return None
+        n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
+        q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
+        return IndexQuery(q, self.w_index(q_latent), self.cache.index_keys, self.index_topk)
 
     def project_kv(self, x: torch.Tensor) -> torch.Tensor:
         """The shared K=V latent of every row; a KV source also writes it to its latent cache."""
@@ -148,6 +164,8 @@ class Attention(nn.Module):
         )
         if self.writes_latent:
             self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
+        if self.writes_index_keys:
+            self.cache.index_keys.index_copy_(0, ctx.attn_metadata.global_slot, self.wk_index(x))
         return kv
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -178,7 +196,8 @@ def attention_op(
     meta = ctx.metadata_for(layer)
     q = attn.project_q(q_latent, meta.positions)
     kernel = static_attention if ctx.attention_backend == "static" else varlen_attention
-    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink)
+    index = attn.index_query(q_latent)
+    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, index)
 
 
 class MoE(nn.Module):
