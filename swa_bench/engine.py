@@ -40,6 +40,8 @@ GraphModeName = Literal["eager", "piecewise", "full"]
 
 @dataclass
 class StepOutput:
+    # After a graph replay both are views of the graph's static outputs, valid until this engine's
+    # next step (a serving engine reads them before the next step; no copy on the hot path).
     logits: torch.Tensor  # [logits rows, vocab] in StepBatch.logit_rows() order
     streams: Streams  # final mHC streams of the real rows (zeros at rows replay trimmed)
     step: StepBatch
@@ -168,8 +170,8 @@ class Engine:
         )
         logits, streams, replay_batch = self.graphs.replay(step, size, timer)
         return StepOutput(
-            logits[: step.num_logits].clone(),
-            tuple(s[: step.num_tokens].clone() for s in streams),
+            logits[: step.num_logits],
+            tuple(s[: step.num_tokens] for s in streams),
             step,
             replay_batch,
             size,

@@ -1,4 +1,3 @@
-import importlib.util
 import io
 import random
 from pathlib import Path
@@ -8,17 +7,7 @@ from rich.console import Console
 
 from swa_bench.compare import case_key, compare_command, compare_runs
 from swa_bench.results import CaseTiming, RunResults, save_results
-
-
-def _factory():
-    path = Path(__file__).parent / "report" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("swa_bench_synthetic_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-synthetic = _factory()
+from tests.report import synthetic
 
 
 def run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, seed: int = 0,

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -16,17 +15,7 @@ from swa_bench.results import (
     results_json_schema,
     save_results,
 )
-
-
-def _factory():
-    path = Path(__file__).parent / "report" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("swa_bench_synthetic_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-synthetic_run = _factory().synthetic_run
+from tests.report.synthetic import synthetic_run
 
 
 def _no_temp_files(directory: Path) -> bool:

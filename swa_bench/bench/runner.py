@@ -78,7 +78,7 @@ class CaseRunner:
             for other in [k for k in self.engines if k[1] != "eager" and k[:2] + k[3:] != config]:
                 del self.engines[other]  # the graph pools of one configuration at a time
             if self.device.type == "cuda":
-                gc.collect()  # captured graphs sit in reference cycles: free their pools now
+                gc.collect()  # whatever still holds a dropped graph, release its pool before reuse
                 torch.cuda.empty_cache()
             self.engines[key] = Engine(
                 model, graph_mode=sc.graph_mode, policy=policy,

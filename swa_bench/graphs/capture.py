@@ -9,6 +9,7 @@ the static attention kernel and the decoder on the whole batch.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Sequence
@@ -94,7 +95,8 @@ class CapturedGraphs:
         return self.trim_threshold is not None and size >= self.trim_threshold
 
     def context(
-        self, step: StepBatch, size: int, replay_batch: ReplayBatch | None
+        self, step: StepBatch, size: int, replay_batch: ReplayBatch | None,
+        timer: object | None = None,
     ) -> ForwardContext:
         return ForwardContext(
             attn_metadata=step.metadata,
@@ -103,6 +105,7 @@ class CapturedGraphs:
             attention_backend=self.attention_backend,
             in_piecewise_graph=self.mode == "piecewise",
             replay_batch=replay_batch,
+            timer=timer,
         )
 
     def replay_batch_for(self, step: StepBatch, size: int) -> ReplayBatch | None:
@@ -140,7 +143,7 @@ class CapturedGraphs:
         )
         ctx = self.context(static, size, self.replay_batch_for(static, size))
         capture = SegmentedCapture(
-            (lambda: CudaSegment(self.pool)) if self.on_cuda else TapeSegment,
+            functools.partial(CudaSegment, self.pool) if self.on_cuda else TapeSegment,
             self.buffers,
             breaks=self.mode == "piecewise",
         )
@@ -165,8 +168,7 @@ class CapturedGraphs:
             static_step = step.copy_into(self.static_steps[size])
             with region(timer, "prepare"):
                 replay_batch = self.replay_batch_for(static_step, size)
-            ctx = self.context(static_step, size, replay_batch)
-            ctx.timer = timer
+            ctx = self.context(static_step, size, replay_batch, timer)
             with set_forward_context(ctx):
                 logits, streams = self.graphs[size].replay()
         return logits, streams, replay_batch
