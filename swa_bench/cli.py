@@ -221,10 +221,11 @@ def run(
     if out is not None and out.exists() and not out.is_dir():
         _say_error(f"{out}: --out exists and is not a directory")
         raise typer.Exit(2)
-    from swa_bench.bench.runner import run_scenarios
+    from swa_bench.run.commands import LoadedScenario, run_scenarios
 
     try:
-        code = run_scenarios(paths, out=out, resume=resume, baseline=baseline, select=select,
+        code = run_scenarios([LoadedScenario(*item) for item in loaded], out=out, resume=resume,
+                             baseline=baseline, select=select,
                              console=Console())
     except _user_errors() as err:
         _say_error(str(err))
@@ -238,11 +239,11 @@ def check(files: ScenarioFiles) -> None:
 
     Exit 1 when a check fails.
     """
-    _load_all(files)
-    from swa_bench.bench.runner import check_scenarios
+    loaded = _load_all(files)
+    from swa_bench.run.commands import LoadedScenario, check_scenarios
 
     try:
-        code = check_scenarios(files, console=Console())
+        code = check_scenarios([LoadedScenario(*item) for item in loaded], console=Console())
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None

@@ -111,6 +111,8 @@ class CaseResult(_Strict):
     tokens: int
     num_requests: int
     batch: str
+    batch_shape: str = ""  # request kinds, lengths aside: cases of one shape share a break-even
+    replay_route: str | None = None  # why the timed replay step ran as it did (its step plan)
     checks: list[CheckResult] = []
     timing: CaseTiming | None = None
     flops: dict[str, int] = {}

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -139,21 +140,29 @@ def test_run_without_scenario_dry_runs_the_smoke_scenario():
     assert "smoke" in result.stdout and "6 cases" in result.stdout
 
 
+@dataclass
+class LoadedScenario:
+    path: object
+    scenario: object
+    cases: list
+
+
 @pytest.fixture
 def fake_runner(monkeypatch):
     calls: list[tuple[str, tuple, dict]] = []
-    module = types.ModuleType("swa_bench.bench.runner")
+    module = types.ModuleType("swa_bench.run.commands")
 
-    def run_scenarios(paths, **kwargs):
-        calls.append(("run", tuple(paths), kwargs))
+    def run_scenarios(loaded, **kwargs):
+        calls.append(("run", tuple(item.path for item in loaded), kwargs))
         return 1
 
-    def check_scenarios(paths, **kwargs):
-        calls.append(("check", tuple(paths), kwargs))
+    def check_scenarios(loaded, **kwargs):
+        calls.append(("check", tuple(item.path for item in loaded), kwargs))
         return 0
 
     module.run_scenarios, module.check_scenarios = run_scenarios, check_scenarios
-    monkeypatch.setitem(sys.modules, "swa_bench.bench.runner", module)
+    module.LoadedScenario = LoadedScenario
+    monkeypatch.setitem(sys.modules, "swa_bench.run.commands", module)
     return calls
 
 

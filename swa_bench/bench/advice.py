@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from swa_bench.results import CaseResult, ThresholdAdvice
+
 
 @dataclass(frozen=True)
 class BreakEven:
@@ -37,3 +39,26 @@ def recommend_trim_threshold(points: Sequence[BreakEven], *, window: int) -> int
             break
         threshold = tokens
     return None if threshold is None else max(threshold, window + 1)
+
+
+def threshold_advice(cases: Sequence[CaseResult], window: int) -> list[ThresholdAdvice]:
+    """Per graph mode, policy and batch shape (request kinds, lengths aside): the smallest token
+    count from which replay beats the full path."""
+    groups: dict[tuple[str, str, str], list[BreakEven]] = {}
+    for case in cases:
+        if case.timing is None or case.timing.reference is None or case.timing.replay is None:
+            continue
+        if case.policy == "full" or case.graph_mode == "full":
+            continue  # FULL graphs keep the decoder on the whole batch: nothing to advise
+        groups.setdefault((case.graph_mode, case.policy, case.batch_shape), []).append(BreakEven(
+            case.tokens, case.timing.reference.median_ms, case.timing.replay.median_ms))
+    advice = []
+    for (mode, policy, shape), points in sorted(groups.items()):
+        value = recommend_trim_threshold(points, window=window)
+        tokens = sorted({p.tokens for p in points})
+        note = f"{policy}; measured at {tokens} tokens"
+        if value is None:
+            note += "; replay never won"
+        advice.append(ThresholdAdvice(graph_mode=mode, batch=shape,
+                                      recommended_trim_threshold=value, note=note))
+    return advice

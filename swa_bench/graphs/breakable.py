@@ -12,11 +12,12 @@ ATen ops (``standin.TapeSegment``) on CPU.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+
+from swa_bench.model.graph_breaks import break_handler
 
 
 class Segment(Protocol):
@@ -77,11 +78,12 @@ class _Break:
             buf.copy_(out)
 
 
-_active: SegmentedCapture | None = None
-
-
 class SegmentedCapture:
-    """One padded size's graph: segments and breaks in the order the forward met them."""
+    """One padded size's graph: its pieces (segments and breaks) in the order the forward met them.
+
+    While it records it is the model's break handler (``model.graph_breaks``): a marked call ends
+    the open segment, runs eagerly, and the next segment begins (FULL captures run it inline).
+    """
 
     def __init__(
         self, new_segment: Callable[[], Segment], buffers: BreakBuffers, *, breaks: bool
@@ -89,46 +91,47 @@ class SegmentedCapture:
         self.new_segment = new_segment
         self.buffers = buffers
         self.breaks = breaks
-        self.steps: list[Segment | _Break] = []
+        self.pieces: list[Segment | _Break] = []
         self.outputs: Any = None
         self._open: Segment | None = None
         self.in_break = False  # breaks met while a break runs eagerly run inline
 
     @property
     def num_segments(self) -> int:
-        return sum(not isinstance(s, _Break) for s in self.steps)
+        return sum(not isinstance(s, _Break) for s in self.pieces)
 
     @property
     def num_breaks(self) -> int:
-        return sum(isinstance(s, _Break) for s in self.steps)
+        return sum(isinstance(s, _Break) for s in self.pieces)
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        global _active
-        if _active is not None:
-            raise RuntimeError("captures do not nest")
-        _active = self
-        try:
-            self._begin()
-            self.outputs = fn()
-            self._end()
-        except BaseException:
-            if self._open is not None:
-                segment, self._open = self._open, None
-                try:
-                    segment.end()  # leave stream capture; the original error is what matters
-                except Exception:
-                    pass
-            raise
-        finally:
-            _active = None
+        with break_handler(self._on_break):
+            try:
+                self._begin()
+                self.outputs = fn()
+                self._end()
+            except BaseException:
+                if self._open is not None:
+                    segment, self._open = self._open, None
+                    try:
+                        segment.end()  # leave stream capture; the original error is what matters
+                    except Exception:
+                        pass
+                raise
         return self.outputs
 
-    def replay(self) -> Any:
-        for step in self.steps:
-            step.replay()
+    def run(self) -> Any:
+        """Replays the recorded pieces in order; returns the forward's (static) outputs."""
+        for piece in self.pieces:
+            piece.replay()
         return self.outputs
 
-    def break_out(self, site: str, fn: Callable, args: tuple) -> Any:
+    def _on_break(self, site: str, fn: Callable, args: tuple) -> Any:
+        if not self.breaks or self.in_break:
+            return fn(*args)
+        return self._break_out(site, fn, args)
+
+    def _break_out(self, site: str, fn: Callable, args: tuple) -> Any:
         self._end()
         self.in_break = True
         try:
@@ -138,7 +141,7 @@ class SegmentedCapture:
         outputs = self.buffers.views(site, _as_tuple(result))
         for buf, out in zip(outputs, _as_tuple(result), strict=True):
             buf.copy_(out)
-        self.steps.append(_Break(fn, args, outputs))
+        self.pieces.append(_Break(fn, args, outputs))
         self._begin()
         return outputs if isinstance(result, tuple) else outputs[0]
 
@@ -149,23 +152,7 @@ class SegmentedCapture:
     def _end(self) -> None:
         segment, self._open = self._open, None
         segment.end()
-        self.steps.append(segment)
-
-
-def eager_break(site: str) -> Callable[[Callable], Callable]:
-    """Marks a function as an eager break of PIECEWISE captures (FULL captures run it inline)."""
-
-    def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args: Any) -> Any:
-            capture = _active
-            if capture is None or not capture.breaks or capture.in_break:
-                return fn(*args)
-            return capture.break_out(site, fn, args)
-
-        return wrapper
-
-    return decorate
+        self.pieces.append(segment)
 
 
 def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:

@@ -17,10 +17,17 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.requests import RequestSpec
-from swa_bench.replay.row_selection import batch_window_start, query_starts
+from swa_bench.model.requests import RequestSpec, query_starts
 
 NO_WINDOW = 1 << 40  # window start of the dummy request that padded rows belong to: reads nothing
+
+
+def batch_window_start(context_len: int, window: int) -> int:
+    """``replay_start``: 0 for a cold prefill, H - W after context ending at H.
+
+    Only the last W cached positions still have window KV (the ring), so nothing below may be read.
+    """
+    return max(0, context_len - window)
 
 
 @dataclass(frozen=True)

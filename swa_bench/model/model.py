@@ -17,19 +17,21 @@ batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swa_bench.forward_context import get_forward_context
-from swa_bench.graphs.breakable import eager_break
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, IndexQuery, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
-from swa_bench.replay.replay_layers import DecoderReplayLayers
+from swa_bench.model.forward_context import get_forward_context
+from swa_bench.model.graph_breaks import eager_break
 
 Streams = tuple[torch.Tensor, ...]
+# Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> streams.
+ReplayLayers = Callable[..., Streams]
 
 
 class RMSNorm(nn.Module):
@@ -274,10 +276,9 @@ class Transformer(nn.Module):
         self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.replay_layers = DecoderReplayLayers(
-            window=args.window,
-            run_layers=self.run_replay_layers,
-        )
+        # The rest of S and the decoder. On its own the model runs them on the whole batch; the
+        # replay package wraps this (``replay.replay_layers.install``) to run them on kept rows.
+        self.replay_layers: ReplayLayers = self.run_replay_layers
         self.cache: KVCache | None = None
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -50,3 +51,11 @@ class RequestSpec:
     def seq_len(self) -> int:
         """The request's length after this step."""
         return self.context_len + self.query_len
+
+
+def query_starts(requests: Sequence[RequestSpec]) -> list[int]:
+    """Row offsets of each request in the packed batch, with the total last."""
+    starts = [0]
+    for r in requests:
+        starts.append(starts[-1] + r.query_len)
+    return starts

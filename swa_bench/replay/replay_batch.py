@@ -1,26 +1,21 @@
 """The replay batch of a step: its kept rows as a sub-batch with metadata and a context of its own.
 
-Built on the host from the step's requests (kept rows are a pure function of their lengths), then
-moved to the device with one copy per tensor: nothing here waits on the device.
+Built on the host from the step's requests and the kept lengths the engine's step plan chose
+(kept rows are a pure function of them), then moved to the device with one copy per tensor:
+nothing here waits on the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
-from swa_bench.forward_context import BatchDescriptor, ForwardContext
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
-from swa_bench.replay.row_selection import (
-    Policy,
-    halo_size,
-    kept_lens,
-    kept_rows,
-    kept_window_start,
-    trims,
-)
+from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
+from swa_bench.replay.row_selection import kept_rows, kept_window_start
 
 
 @dataclass
@@ -34,11 +29,6 @@ class ReplayBatch:
     @property
     def num_rows(self) -> int:
         return self.rows.shape[0]
-
-
-def step_kept_lens(step: StepBatch, policy: Policy, args: ModelArgs, halo_align: int = 1):
-    halo = halo_size(args.window, args.n_decoder_layers, halo_align)
-    return kept_lens(step.requests, policy, args.window, halo)
 
 
 def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
@@ -62,19 +52,9 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
     return out
 
 
-def build_replay_batch(
-    step: StepBatch,
-    policy: Policy,
-    args: ModelArgs,
-    *,
-    halo_align: int = 1,
-    force: bool = False,
-) -> ReplayBatch | None:
-    """The step's replay batch, or None when no request loses a row (unless ``force``: a PIECEWISE
-    graph that breaks out to the replay batch needs one every step)."""
-    lens = step_kept_lens(step, policy, args, halo_align)
-    if not force and not trims(step.requests, lens):
-        return None
+def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs) -> ReplayBatch:
+    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows."""
+    lens = list(lens)
     device = step.input_ids.device
     layouts = kept_layouts(step, lens)
     num_kept = sum(lens)
@@ -101,11 +81,11 @@ def build_replay_batch(
 
 
 def bounded_reference_metadata(
-    step: StepBatch, args: ModelArgs, policy: Policy = "bounded", halo_align: int = 1
+    step: StepBatch, lens: Sequence[int], args: ModelArgs
 ) -> dict[int, AttentionMetadata]:
     """Decoder-layer metadata of the bounded reference: the whole batch, with each request's
-    window masked below its kept start under ``policy`` (layer S keeps the batch starts)."""
-    lens = step_kept_lens(step, policy, args, halo_align)
+    window masked below the kept start of its last ``lens[i]`` rows (layer S keeps the batch
+    starts)."""
     layouts = [
         replace(lay, window_start=kept_window_start(lay.window_start, lay.seq_len, k, r.query_len))
         for lay, r, k in zip(step.metadata.layouts, step.requests, lens, strict=True)

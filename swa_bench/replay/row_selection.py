@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from swa_bench.model.requests import RequestSpec
+from swa_bench.model.requests import RequestSpec, query_starts
 
 Policy = Literal["full", "bounded", "halo"]
 POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo")
@@ -48,14 +48,6 @@ def trims(requests: Sequence[RequestSpec], lens: Sequence[int]) -> bool:
     return any(k < r.query_len for r, k in zip(requests, lens, strict=True))
 
 
-def query_starts(requests: Sequence[RequestSpec]) -> list[int]:
-    """Row offsets of each request in the packed batch, with the total last."""
-    starts = [0]
-    for r in requests:
-        starts.append(starts[-1] + r.query_len)
-    return starts
-
-
 def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]:
     """Batch row indices of the kept rows: each request's last ``kept_len`` rows, in batch order."""
     rows: list[int] = []
@@ -64,14 +56,6 @@ def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]
         end = starts[i + 1]
         rows.extend(range(end - k, end))
     return rows
-
-
-def batch_window_start(context_len: int, window: int) -> int:
-    """``replay_start``: 0 for a cold prefill, H - W after context ending at H.
-
-    Only the last W cached positions still have window KV (the ring), so nothing below may be read.
-    """
-    return max(0, context_len - window)
 
 
 def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int) -> int:

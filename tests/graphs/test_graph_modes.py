@@ -6,13 +6,13 @@ Runs on the CPU stand-in everywhere and on real CUDA graphs where a GPU is prese
 import pytest
 import torch
 
-from swa_bench.checks import eager_at_padded_shape
-from swa_bench.engine import Engine
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.graphs.breakable import BreakBuffers, SegmentedCapture
 from swa_bench.graphs.standin import CaptureError, TapeSegment
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.workload import Workload
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 CAPTURE_SIZES = [8, 16, 32, 64]
@@ -42,26 +42,27 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 def test_graph_replay_is_bitwise_eager(tiny_args, device, mode):
     model, _ = build_model(tiny_args, seed=0, device=device)
-    graph = Engine(
-        model,
+    config = EngineConfig(
         graph_mode=mode,
         policy="bounded",
         trim_threshold=TRIM_THRESHOLD,
-        capture_sizes=CAPTURE_SIZES,
+        capture_sizes=tuple(CAPTURE_SIZES),
     )
+    graph = Engine(model, config)
     graph.capture()
     eager = Engine(model)
     seen_sizes = []
     for i, requests in enumerate(steps(tiny_args.window)):
-        load = Workload.seeded(requests, tiny_args.vocab_size, 100 + i)
+        load = StepInputs.seeded(requests, tiny_args.vocab_size, 100 + i)
         load.fill_context(eager)
         graph.cache.copy_from(eager.cache)
         tokens = load.step_tokens
         out = graph.step(requests, tokens)
-        logits, streams = eager_at_padded_shape(graph, eager, requests, tokens)
-        size = graph.graph_size_for(requests)
+        ref = graph.eager_equivalent(requests, tokens, on=eager)
+        logits, streams = ref.logits, ref.streams
+        size = graph.plan(requests).graph_size
         seen_sizes.append(size)
-        assert out.graph_size == size
+        assert out.plan.graph_size == size
         assert_bitwise(out.logits, logits, f"step {i} logits")
         for j, (a, b) in enumerate(zip(out.streams, streams, strict=True)):
             assert_bitwise(a, b, f"step {i} stream {j}")
@@ -76,14 +77,16 @@ def test_graph_replay_is_bitwise_eager(tiny_args, device, mode):
 @pytest.mark.parametrize("device", DEVICES)
 def test_piecewise_breaks_at_attention_and_replay_layers(tiny_args, device):
     model, _ = build_model(tiny_args, seed=0, device=device)
-    engine = Engine(model, graph_mode="piecewise", trim_threshold=16, capture_sizes=[8, 16])
+    engine = Engine(
+        model, EngineConfig(graph_mode="piecewise", trim_threshold=16, capture_sizes=(8, 16))
+    )
     engine.capture()
     n = tiny_args.n_layers
     small, large = engine.graphs.graphs[8], engine.graphs.graphs[16]
     assert small.num_breaks == n, "below the threshold: one break per attention"
     # Above it: attention breaks before S, then one break for all the replay layers.
     assert large.num_breaks == tiny_args.last_kv_source + 1
-    full = Engine(model, graph_mode="full", capture_sizes=[8])
+    full = Engine(model, EngineConfig(graph_mode="full", capture_sizes=(8,)))
     full.capture()
     assert full.graphs.graphs[8].num_breaks == 0 and full.graphs.graphs[8].num_segments == 1
 
@@ -91,17 +94,19 @@ def test_piecewise_breaks_at_attention_and_replay_layers(tiny_args, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_break_buffers_keep_their_address(tiny_args, device):
     model, _ = build_model(tiny_args, seed=0, device=device)
-    engine = Engine(model, graph_mode="piecewise", trim_threshold=16, capture_sizes=[8, 16, 32])
+    engine = Engine(
+        model, EngineConfig(graph_mode="piecewise", trim_threshold=16, capture_sizes=(8, 16, 32))
+    )
     engine.capture()
     buffers = engine.graphs.buffers.buffers
     ptrs = {key: buf.data_ptr() for key, buf in buffers.items()}
     assert buffers[("attention", 0)].shape[0] == 32, "sized for the largest capture"
     for graph in engine.graphs.graphs.values():
-        for step in graph.steps:
-            for out in getattr(step, "outputs", ()):
+        for piece in graph.pieces:
+            for out in getattr(piece, "outputs", ()):
                 assert any(out.data_ptr() == p for p in ptrs.values())
     requests = [RequestSpec(prompt_len=20)]
-    load = Workload.seeded(requests, tiny_args.vocab_size, 0)
+    load = StepInputs.seeded(requests, tiny_args.vocab_size, 0)
     for _ in range(2):
         engine.step(requests, load.step_tokens)
         assert {k: b.data_ptr() for k, b in buffers.items()} == ptrs
@@ -121,7 +126,7 @@ def test_standin_freezes_python_state_at_capture():
     out = capture.capture(lambda: module(x))
     module.scale = 2.0
     x.copy_(torch.randn(4))
-    capture.replay()
+    capture.run()
     torch.testing.assert_close(out, x * 1.0, rtol=0, atol=0)
     assert not torch.equal(out, module(x))
 

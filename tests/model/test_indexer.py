@@ -4,11 +4,13 @@ replay and graph equivalences with sparse global attention."""
 import pytest
 import torch
 
-from swa_bench.checks import Tolerance, check_e1, check_e2, check_e3, check_e4
-from swa_bench.engine import Engine
+from swa_bench.checks.comparison import Tolerance
+from swa_bench.checks.equivalence import check_e1, check_e2, check_e3, check_e4
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.workload import Workload
 
 TOL = Tolerance.for_dtype(torch.float32)
 
@@ -34,7 +36,7 @@ def test_top_k_over_every_position_is_dense_attention(tiny_args):
     dense, _ = build_model(tiny_args, seed=0)
     wide, _ = build_model(tiny_args.replace(index_topk=tiny_args.max_seq_len), seed=0)
     wide.load_state_dict(dense.state_dict(), strict=False)
-    load = Workload.seeded(mixed(tiny_args.window), tiny_args.vocab_size, 2)
+    load = StepInputs.seeded(mixed(tiny_args.window), tiny_args.vocab_size, 2)
     outs = []
     for model in (dense, wide):
         engine = Engine(model)
@@ -47,31 +49,31 @@ def test_the_indexer_narrows_attention(tiny_args, indexed):
     dense, _ = build_model(tiny_args, seed=0)
     indexed_same, _ = build_model(tiny_args.replace(index_topk=5), seed=0)
     indexed_same.load_state_dict(dense.state_dict(), strict=False)
-    load = Workload.seeded([RequestSpec(prompt_len=40)], tiny_args.vocab_size, 3)
+    load = StepInputs.seeded([RequestSpec(prompt_len=40)], tiny_args.vocab_size, 3)
     a = Engine(dense).reference_step(load.requests, load.step_tokens).logits
     b = Engine(indexed_same).reference_step(load.requests, load.step_tokens).logits
     assert (a - b).abs().max() > 1e-3, "top-5 of 40 positions must change the result"
 
 
 def test_e4_with_the_indexer(indexed):
-    load = Workload.seeded([RequestSpec(prompt_len=30)], indexed.args.vocab_size, 4)
+    load = StepInputs.seeded([RequestSpec(prompt_len=30)], indexed.args.vocab_size, 4)
     result = check_e4(indexed, load, tol=TOL)
     assert result.passed, result.message
 
 
 def test_replay_equivalences_with_the_indexer(indexed):
-    load = Workload.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 5)
-    e1 = check_e1(indexed, load, policy="bounded", halo_align=1, decode_steps=4, tol=TOL)
+    load = StepInputs.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 5)
+    e1 = check_e1(indexed, load, EngineConfig(), decode_steps=4, tol=TOL)
     assert e1.passed, e1.message
-    e2 = check_e2(indexed, load, halo_align=1, tol=TOL)
+    e2 = check_e2(indexed, load, EngineConfig(policy="halo"), tol=TOL)
     assert e2.passed, e2.message
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 def test_graphs_are_bitwise_eager_with_the_indexer(indexed, mode):
-    load = Workload.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 6)
-    result = check_e3(
-        indexed, load, graph_mode=mode, policy="bounded", trim_threshold=32,
-        capture_sizes=[8, 16, 32, 64, 128], max_capture_size=128, halo_align=1,
+    load = StepInputs.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 6)
+    config = EngineConfig(
+        graph_mode=mode, trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128)
     )
+    result = check_e3(indexed, load, config)
     assert result.passed, result.message

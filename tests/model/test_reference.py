@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from swa_bench.engine import Engine
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.requests import RequestSpec
-from swa_bench.workload import Workload
 
 TOL = dict(rtol=1.3e-6 * 10, atol=1e-5)
 
@@ -29,7 +29,7 @@ def decode_one_by_one(model, length: int, seq) -> tuple[torch.Tensor, Engine]:
 
 @pytest.mark.parametrize("length", [5, 8, 21])
 def test_prefill_equals_token_by_token_decode(tiny_model, length):
-    seq = Workload.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, length)
+    seq = StepInputs.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, length)
     seq = list(seq.sequences[0])
     logits, prefill = prefill_logits(tiny_model, length, seq)
     oracle, decode = decode_one_by_one(tiny_model, length, seq)
@@ -41,7 +41,7 @@ def test_prefill_equals_token_by_token_decode(tiny_model, length):
 @pytest.mark.parametrize("chunk", [3, 8, 13])
 def test_chunked_prefill_equals_one_prefill(tiny_model, chunk):
     length = 30
-    seq = Workload.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, 7)
+    seq = StepInputs.seeded([RequestSpec(prompt_len=length)], tiny_model.args.vocab_size, 7)
     seq = list(seq.sequences[0])
     whole, whole_engine = prefill_logits(tiny_model, length, seq)
     engine = Engine(tiny_model)
@@ -64,12 +64,12 @@ def test_mixed_batch_equals_each_request_alone(tiny_model):
         RequestSpec(prompt_len=40, cached_len=16, chunk_size=10),
         RequestSpec(prompt_len=30, cached_len=20),
     ]
-    load = Workload.seeded(requests, tiny_model.args.vocab_size, 3)
+    load = StepInputs.seeded(requests, tiny_model.args.vocab_size, 3)
     batch = Engine(tiny_model)
     load.fill_context(batch)
     mixed = batch.reference_step(requests, load.step_tokens)
     for i, req in enumerate(requests):
-        one = Workload((req,), (load.sequences[i],))
+        one = StepInputs((req,), (load.sequences[i],))
         alone = Engine(tiny_model)
         one.fill_context(alone)
         out = alone.reference_step([req], one.step_tokens, [0])

@@ -5,13 +5,28 @@ import dataclasses
 import pytest
 import torch
 
-from swa_bench.checks import Tolerance, approximation, check_e1, check_e2, check_e5, compare
-from swa_bench.engine import Engine, run_eager
+from swa_bench.checks.approximation import approximation
+from swa_bench.checks.comparison import Tolerance, compare
+from swa_bench.checks.equivalence import check_e1, check_e2, check_e5
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine, run_forward
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
 from swa_bench.model.requests import RequestSpec
 from swa_bench.replay.replay_batch import build_replay_batch
-from swa_bench.workload import Workload
 
 TOL = Tolerance.for_dtype(torch.float32)
+
+
+def forward(model, step, replay_batch=None):
+    """One eager forward of ``step``, on ``replay_batch`` when given."""
+    ctx = ForwardContext(
+        attn_metadata=step.metadata,
+        logits_indices=step.logits_indices,
+        batch_descriptor=BatchDescriptor(step.num_padded),
+        replay_batch=replay_batch,
+    )
+    return run_forward(model, step, ctx)
 
 
 def mixed_requests(w: int) -> list[RequestSpec]:
@@ -30,20 +45,18 @@ def mixed_requests(w: int) -> list[RequestSpec]:
 
 @pytest.fixture
 def workload(tiny_args):
-    return Workload.seeded(mixed_requests(tiny_args.window), tiny_args.vocab_size, seed=11)
+    return StepInputs.seeded(mixed_requests(tiny_args.window), tiny_args.vocab_size, seed=11)
 
 
 def test_e1_replay_equals_bounded_reference(tiny_model, workload):
     w = tiny_model.args.window
-    result = check_e1(
-        tiny_model, workload, policy="bounded", halo_align=1, decode_steps=2 * w, tol=TOL
-    )
+    result = check_e1(tiny_model, workload, EngineConfig(), decode_steps=2 * w, tol=TOL)
     assert result.passed, result.message
     assert result.mode == "tolerance" and "kept rows" in result.message
 
 
 def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload):
-    result = check_e2(tiny_model, workload, halo_align=1, tol=TOL)
+    result = check_e2(tiny_model, workload, EngineConfig(policy="halo"), tol=TOL)
     assert result.passed, result.message
     assert "0 rows trimmed" not in result.message
     metrics = approximation(tiny_model, workload, continuation_steps=tiny_model.args.window)
@@ -53,7 +66,7 @@ def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload)
 
 
 def test_e5_nothing_to_trim_is_bitwise_reference(tiny_model, workload):
-    result = check_e5(tiny_model, workload, policy="bounded", halo_align=1)
+    result = check_e5(tiny_model, workload, EngineConfig())
     assert result.passed, result.message
     assert result.mode == "bitwise"
 
@@ -61,7 +74,7 @@ def test_e5_nothing_to_trim_is_bitwise_reference(tiny_model, workload):
 def test_short_prefills_take_the_whole_batch_route(tiny_model, tiny_args):
     w = tiny_args.window
     requests = [RequestSpec(prompt_len=w), RequestSpec(prompt_len=w - 1)]
-    load = Workload.seeded(requests, tiny_args.vocab_size, seed=1)
+    load = StepInputs.seeded(requests, tiny_args.vocab_size, seed=1)
     out = Engine(tiny_model).step(load.requests, load.step_tokens)
     ref = Engine(tiny_model).reference_step(load.requests, load.step_tokens)
     assert out.replay_batch is None
@@ -77,11 +90,11 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args):
         RequestSpec(prompt_len=4 * w),
         RequestSpec(prompt_len=w - 2),
     ]
-    load = Workload.seeded(requests, tiny_args.vocab_size, seed=5)
+    load = StepInputs.seeded(requests, tiny_args.vocab_size, seed=5)
     engine = Engine(tiny_model)
     load.fill_context(engine)
     step = engine.prepare(load.requests, load.step_tokens)
-    replay_batch = build_replay_batch(step, "bounded", tiny_args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args)
     expected_rows = [0, *range(1 + 4 * w - w, 1 + 4 * w), *range(1 + 4 * w, 1 + 4 * w + w - 2)]
     assert replay_batch.rows.tolist() == expected_rows
 
@@ -106,7 +119,7 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args):
     try:
         type(layers).__call__ = capture_inputs
         engine.model.attach_cache(engine.cache)
-        _, streams = run_eager(tiny_model, step, replay_batch=replay_batch)
+        _, streams = forward(tiny_model, step, replay_batch)
     finally:
         type(layers).__call__ = real_call
         layers.run_layers = original
@@ -128,7 +141,7 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
     reference = Engine(tiny_model)
     reference.cache.copy_from(engine.cache)
     step = engine.prepare(workload.requests, workload.step_tokens)
-    replay_batch = build_replay_batch(step, "bounded", tiny_model.args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_model.args)
     first = replay_batch.forward_context.layer_metadata[s]
     kept = replay_batch.forward_context.attn_metadata
     wrong = dataclasses.replace(
@@ -141,8 +154,12 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
     )
     replay_batch.forward_context.layer_metadata[s] = wrong
     engine.model.attach_cache(engine.cache)
-    logits, _ = run_eager(tiny_model, step, replay_batch=replay_batch)
-    ref = reference.reference_step(workload.requests, workload.step_tokens, bounded=True)
+    logits, _ = forward(tiny_model, step, replay_batch)
+    ref = reference.reference_step(
+        workload.requests,
+        workload.step_tokens,
+        window_kept_lens=reference.policy_kept_lens(workload.requests),
+    )
     assert compare("logits", logits, ref.logits, TOL) is not None
 
 
@@ -153,7 +170,7 @@ def test_trimmed_rows_write_no_ring_slot(tiny_model, workload, tiny_args):
     engine = Engine(tiny_model)
     workload.fill_context(engine)
     step = engine.prepare(workload.requests, workload.step_tokens)
-    replay_batch = build_replay_batch(step, "bounded", tiny_args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args)
     trash = tiny_args.max_requests * w
     first = replay_batch.forward_context.layer_metadata[tiny_args.last_kv_source]
     kept = set(replay_batch.rows.tolist())
@@ -174,8 +191,7 @@ def test_e1_holds_when_attention_runs_in_many_query_chunks(tiny_model, workload,
     from swa_bench.model import attention
 
     monkeypatch.setattr(attention, "score_budget", lambda device: 512)
-    result = check_e1(tiny_model, workload, policy="bounded", halo_align=1, decode_steps=2,
-                      tol=TOL)
+    result = check_e1(tiny_model, workload, EngineConfig(), decode_steps=2, tol=TOL)
     assert result.passed, result.message
-    e2 = check_e2(tiny_model, workload, halo_align=1, tol=TOL)
+    e2 = check_e2(tiny_model, workload, EngineConfig(policy="halo"), tol=TOL)
     assert e2.passed, e2.message

@@ -4,14 +4,13 @@ against direct definitions written out per row."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swa_bench.model.requests import RequestSpec
+from swa_bench.model.batch import batch_window_start
+from swa_bench.model.requests import RequestSpec, query_starts
 from swa_bench.replay.row_selection import (
-    batch_window_start,
     halo_size,
     kept_lens,
     kept_rows,
     kept_window_start,
-    query_starts,
     trims,
 )
 

@@ -1,4 +1,5 @@
-"""The case runner: end to end, resume after a kill, a raising case, the results schema."""
+"""run/check over a scenario's cases: end to end, resume after a kill, a raising case, the
+results schema."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from swa_bench import checks
-from swa_bench.bench.runner import CaseRunner, run_scenarios
+from swa_bench.checks import equivalence
 from swa_bench.cli import app
 from swa_bench.results import RunResults, load_results
+from swa_bench.run.cases import CaseRunner
+from swa_bench.run.commands import run_scenarios
 from swa_bench.scenario import default_scenario_path, expand_cases, load_scenario
 
 SMALL_SWEEP = """\
@@ -106,14 +108,14 @@ def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_pa
 
 
 def test_a_case_that_raises_is_recorded_and_the_others_run(scenario_file, tmp_path, monkeypatch):
-    real = checks.check_e1
+    real = equivalence.check_e1
 
-    def flaky(model, workload, **kwargs):
-        if workload.requests[0].prompt_len == 20:
+    def flaky(model, inputs, config, **kwargs):
+        if inputs.requests[0].prompt_len == 20:
             raise RuntimeError("boom in the middle case")
-        return real(model, workload, **kwargs)
+        return real(model, inputs, config, **kwargs)
 
-    monkeypatch.setattr(checks, "check_e1", flaky)
+    monkeypatch.setattr(equivalence, "check_e1", flaky)
     out = tmp_path / "run"
     assert run_scenarios([scenario_file], out=out, console=quiet()) == 1
     results = load_results(out)

@@ -1,4 +1,8 @@
-"""A step's workload: its requests, their seeded token sequences, the context they start from."""
+"""A step's inputs: its requests, their seeded token sequences, the context they start from.
+
+Not to be confused with a scenario's ``workload`` section (``scenario.schema``), which describes
+requests; this is one concrete step built from them.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.engine import Engine
+from swa_bench.engine.engine import Engine
 from swa_bench.model.requests import RequestSpec
 
 
 @dataclass(frozen=True)
-class Workload:
+class StepInputs:
     requests: tuple[RequestSpec, ...]
     sequences: tuple[tuple[int, ...], ...]  # every request's tokens up to its seq_len
 
     @classmethod
-    def seeded(cls, requests: Sequence[RequestSpec], vocab: int, seed: int) -> Workload:
+    def seeded(cls, requests: Sequence[RequestSpec], vocab: int, seed: int) -> StepInputs:
         g = torch.Generator().manual_seed(seed)
         seqs = tuple(
             tuple(torch.randint(0, vocab, (r.seq_len,), generator=g).tolist()) for r in requests
@@ -43,6 +47,15 @@ class Workload:
             if r.context_len:
                 warm = RequestSpec(prompt_len=r.context_len)
                 engine.reference_step([warm], [list(seq[: r.context_len])], [i])
+
+    def shape(self) -> str:
+        """The batch's request kinds, lengths aside ("1 decode + 2 prefill"): cases of one shape
+        at different lengths share a break-even point."""
+        kinds: dict[str, int] = {}
+        for r in self.requests:
+            kind = "decode" if r.decode else ("prefill+ctx" if r.context_len else "prefill")
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return " + ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
 
     def describe(self) -> str:
         parts = []

@@ -4,6 +4,9 @@ Layers never take metadata as arguments: a captured graph freezes arguments, so 
 changes per step (attention metadata, the replay batch) is read from here when the code runs, and
 graph segments read it only through static buffers. The replay batch runs its layers under a
 context of its own, like a microbatch.
+
+The engine decides once per step whether the decoder runs on a replay batch and puts that batch
+here (``replay_batch``, None for the whole batch); nothing below the engine re-derives it.
 """
 
 from __future__ import annotations
@@ -11,15 +14,26 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from swa_bench.model.batch import AttentionMetadata
-    from swa_bench.replay.replay_batch import ReplayBatch
 
 AttentionBackend = Literal["varlen", "static"]
+
+
+class RegionTimer(Protocol):
+    """Times named regions of a forward (the replay step's breakdown); the benchmark supplies it,
+    so the model never imports the benchmark."""
+
+    def region(self, name: str) -> contextlib.AbstractContextManager[None]: ...
+
+
+def region(timer: RegionTimer | None, name: str) -> contextlib.AbstractContextManager[None]:
+    """``timer.region(name)``, or a no-op when timing is off, so call sites need no branch."""
+    return contextlib.nullcontext() if timer is None else timer.region(name)
 
 
 @dataclass(frozen=True)
@@ -38,9 +52,11 @@ class ForwardContext:
     # window KV; the bounded reference masks decoder layers below the kept starts.
     layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
     attention_backend: AttentionBackend = "varlen"
-    in_piecewise_graph: bool = False
-    replay_batch: ReplayBatch | None = None
-    timer: object | None = None
+    # The step's replay batch (``swa_bench.replay.ReplayBatch``) when the engine decided the
+    # decoder runs on kept rows; None: the whole batch. Typed loosely: the model does not import
+    # the replay package that builds it.
+    replay_batch: Any = None
+    timer: RegionTimer | None = None
 
     def metadata_for(self, layer: int) -> AttentionMetadata:
         return self.layer_metadata.get(layer, self.attn_metadata)
@@ -64,8 +80,3 @@ def set_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         yield ctx
     finally:
         _current = previous
-
-
-
-def in_piecewise_graph() -> bool:
-    return _current is not None and _current.in_piecewise_graph

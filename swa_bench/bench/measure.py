@@ -1,0 +1,103 @@
+"""Measuring one case's two paths: time, peak memory and FLOPs of the reference and the replay step.
+
+The FLOPs, kept rows and ideal speedup describe the path that ran: they come from the step plan
+each engine made for the timed step (a step that did not trim counts as the whole batch; FULL's
+eager fallback above the largest capture size counts as the trimmed step it was).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swa_bench.bench.flops import count_flops, measure_peak_memory
+from swa_bench.bench.timing import RegionTimer, time_fn
+from swa_bench.engine.dispatch import StepPlan
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.results import CaseTiming
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup: int
+    iters: int
+    l2_flush: bool
+    threads: int | None
+    breakdown: bool
+
+
+@dataclass
+class PathMeasurement:
+    """What one case measured; the figures derived from it (speedup, ideal) are the results'."""
+
+    timing: CaseTiming
+    peak_memory_bytes: dict[str, int]
+    flops: dict[str, int]
+    plans: dict[str, StepPlan]
+
+
+class FlopCache:
+    """FLOPs of a path, counted once per (model, inputs, plan, kernel): eager steps of every
+    graph mode that run the same plan do the same arithmetic; a FULL graph's static attention
+    kernel does more than PIECEWISE's varlen one at the same padded size."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple, int] = {}
+
+    def clear(self) -> None:
+        self.counts.clear()
+
+    def count(self, engine: Engine, inputs: StepInputs, plan: StepPlan) -> int:
+        kernel = engine.config.graph_mode if plan.graph_size is not None else "eager"
+        key = (id(engine.model), inputs, kernel, plan.graph_size, plan.replays, plan.kept_lens)
+        if key not in self.counts:
+            self.counts[key] = count_flops(
+                lambda: engine.eager_equivalent(inputs.requests, inputs.step_tokens)
+            )
+        return self.counts[key]
+
+
+def measure_paths(
+    reference: Engine,
+    replay: Engine,
+    inputs: StepInputs,
+    settings: TimingSettings,
+    flop_cache: FlopCache,
+) -> PathMeasurement:
+    """Times both engines' step on ``inputs`` (the replay step's breakdown recorded in the same
+    iterations), their peak memory (on a GPU over the timed loop itself) and their FLOPs."""
+    device = reference.device
+    for engine in (reference, replay):
+        inputs.fill_context(engine)
+        engine.capture()
+    timings, peaks, plans, breakdown = {}, {}, {}, {}
+    for name, engine in (("reference", reference), ("replay", replay)):
+        timer = RegionTimer(device) if name == "replay" and settings.breakdown else None
+
+        def step(engine=engine, timer=timer):
+            return engine.step(inputs.requests, inputs.step_tokens, timer=timer)
+
+        def timed(step=step, name=name):
+            timings[name] = time_fn(
+                step, device=device, warmup=settings.warmup, iters=settings.iters,
+                l2_flush=settings.l2_flush, threads=settings.threads,
+            )
+
+        if device.type == "cuda":
+            peaks[name] = measure_peak_memory(timed, device)
+        else:
+            timed()
+            peaks[name] = measure_peak_memory(step, device)
+        plans[name] = engine.plan(inputs.requests)
+        if timer is not None:
+            breakdown = timer.summary()
+    flops = {name: flop_cache.count(engine, inputs, plans[name])
+             for name, engine in (("reference", reference), ("replay", replay))}
+    return PathMeasurement(
+        timing=CaseTiming(reference=timings["reference"], replay=timings["replay"],
+                          breakdown_ms=breakdown),
+        peak_memory_bytes=peaks,
+        flops=flops,
+        plans=plans,
+    )
+

@@ -1,0 +1,94 @@
+"""The approximation of bounded replay, measured against the full prefill (SPEC section 3).
+
+Pass/fail only where a scenario sets a bound: the figures themselves are what a user reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from swa_bench.checks.equivalence import _last_rows, _last_tokens, decode, engines
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.model import Transformer
+from swa_bench.results import Approximation, CheckResult
+
+
+def approximation(
+    model: Transformer, workload: StepInputs, *, continuation_steps: int, halo_align: int = 1
+) -> Approximation:
+    """Bounded replay against the full prefill: last-token logits, window KV per decoder layer
+    (error vs depth), and greedy continuations over ``continuation_steps`` decode steps."""
+    bounded, full = engines(
+        model,
+        workload,
+        EngineConfig(policy="bounded", halo_align=halo_align),
+        EngineConfig(policy="full"),
+    )
+    out = bounded.step(workload.requests, workload.step_tokens)
+    ref = full.reference_step(workload.requests, workload.step_tokens)
+    a, b = _last_rows(out).double(), _last_rows(ref).double()
+    log_p, log_q = torch.log_softmax(b, -1), torch.log_softmax(a, -1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    top1 = float((a.argmax(-1) == b.argmax(-1)).double().mean())
+    args = model.args
+    rel = []
+    for layer in range(args.last_kv_source + 1, args.n_layers):
+        num = den = 0.0
+        for i in range(len(workload.requests)):
+            x = bounded.cache.ring_window(layer, i).double()
+            y = full.cache.ring_window(layer, i).double()
+            num += float((x - y).pow(2).sum())
+            den += float(y.pow(2).sum())
+        rel.append(math.sqrt(num / den) if den else 0.0)
+    agree = total = 0
+    tok_a = _last_tokens(out, out.logits.argmax(-1).tolist())
+    tok_b = _last_tokens(ref, ref.logits.argmax(-1).tolist())
+    for step in range(continuation_steps):
+        agree += sum(x == y for x, y in zip(tok_a, tok_b, strict=True))
+        total += len(tok_a)
+        oa, ob = decode(bounded, workload, step, tok_a), decode(full, workload, step, tok_b)
+        tok_a, tok_b = oa.logits.argmax(-1).tolist(), ob.logits.argmax(-1).tolist()
+    return Approximation(
+        logits_max_abs=float((a - b).abs().max()),
+        kl=kl,
+        top1_agreement=top1,
+        window_kv_rel_error=rel,
+        greedy_agreement=agree / total if total else 1.0,
+        continuation_steps=continuation_steps,
+    )
+
+
+def check_bounds(
+    metrics: Approximation,
+    *,
+    max_logits_abs_error: float | None,
+    min_top1_agreement: float | None,
+    min_greedy_agreement: float | None,
+) -> CheckResult:
+    """The approximation as a check: pass/fail only against the bounds a scenario sets."""
+    failures = []
+    if max_logits_abs_error is not None and metrics.logits_max_abs > max_logits_abs_error:
+        failures.append(f"logits max abs {metrics.logits_max_abs:.3g} > {max_logits_abs_error}")
+    if min_top1_agreement is not None and metrics.top1_agreement < min_top1_agreement:
+        failures.append(f"top-1 agreement {metrics.top1_agreement:.3f} < {min_top1_agreement}")
+    if min_greedy_agreement is not None and metrics.greedy_agreement < min_greedy_agreement:
+        failures.append(f"greedy agreement {metrics.greedy_agreement:.3f} < {min_greedy_agreement}")
+    bounded = any(
+        v is not None for v in (max_logits_abs_error, min_top1_agreement, min_greedy_agreement)
+    )
+    summary = (
+        f"logits max abs {metrics.logits_max_abs:.3g}, KL {metrics.kl:.3g}, top-1 "
+        f"{metrics.top1_agreement:.3f}, greedy {metrics.greedy_agreement:.3f} over "
+        f"{metrics.continuation_steps} steps, window-KV rel error by depth "
+        + ", ".join(f"{e:.2g}" for e in metrics.window_kv_rel_error)
+    )
+    return CheckResult(
+        id="approximation",
+        name="bounded vs full prefill",
+        passed=not failures,
+        mode="bound" if bounded else "info",
+        message="; ".join(failures) if failures else summary,
+    )

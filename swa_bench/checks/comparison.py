@@ -1,0 +1,112 @@
+"""Comparing tensors: bitwise (integer views, so NaN and -0.0 count) or within a tolerance.
+
+A mismatch is reported with what a user needs to judge it (SPEC section 3): the tensor, how many
+elements differ and their share, max abs and rel error, the index of the worst element.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from swa_bench.results import CheckResult, Diagnostic
+
+# torch.testing.assert_close's per-dtype (rtol, atol) defaults, by dtype name (SPEC section 3).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1.3e-6, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float16": (1e-3, 1e-5),
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+    @classmethod
+    def for_dtype(cls, dtype: torch.dtype, rtol: float | None = None, atol: float | None = None):
+        name = str(dtype).removeprefix("torch.")
+        default_rtol, default_atol = DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float32"])
+        return cls(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view(
+        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    )
+
+
+def compare(
+    name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None
+) -> Diagnostic | None:
+    """None when equal (bitwise if ``tol`` is None); else what differs and where."""
+    if actual.shape != expected.shape:
+        return Diagnostic(
+            tensor=f"{name} (shape {tuple(actual.shape)} != {tuple(expected.shape)})",
+            mismatched=max(actual.numel(), expected.numel()),
+            total=expected.numel(),
+            share=1.0,
+            max_abs=math.inf,
+            max_rel=math.inf,
+            worst_index=[],
+        )
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if tol is None:
+        mismatch = _int_view(a) != _int_view(e)
+    else:
+        af, ef = a.double(), e.double()
+        close = (af - ef).abs() <= tol.atol + tol.rtol * ef.abs()
+        close |= (af == ef) | (af.isnan() & ef.isnan())
+        mismatch = ~close
+    count = int(mismatch.sum())
+    if count == 0:
+        return None
+    diff = (a.double() - e.double()).abs().nan_to_num(nan=math.inf)
+    rel = diff / e.double().abs().clamp_min(1e-30)
+    worst = int(torch.where(mismatch, diff, torch.full_like(diff, -1.0)).flatten().argmax())
+    return Diagnostic(
+        tensor=name,
+        mismatched=count,
+        total=mismatch.numel(),
+        share=count / mismatch.numel(),
+        max_abs=float(diff[mismatch].max()),
+        max_rel=float(rel[mismatch].max()),
+        worst_index=[int(i) for i in torch.unravel_index(torch.tensor(worst), mismatch.shape)],
+    )
+
+
+def check_result(
+    check_id: str,
+    name: str,
+    diagnostics: Iterable[Diagnostic | None],
+    tol: Tolerance | None,
+    note: str = "",
+) -> CheckResult:
+    found = [d for d in diagnostics if d is not None]
+    mode = "bitwise" if tol is None else "tolerance"
+    if found:
+        worst = max(found, key=lambda d: (d.share, d.max_abs))
+        message = (
+            f"{len(found)} tensor(s) differ; worst {worst.tensor}: "
+            f"{worst.mismatched}/{worst.total} elements, max abs {worst.max_abs:.3g}, "
+            f"max rel {worst.max_rel:.3g} at {worst.worst_index}"
+        )
+    else:
+        message = f"equal ({mode})"
+    if note:
+        message = f"{message}; {note}"
+    return CheckResult(
+        id=check_id,
+        name=name,
+        passed=not found,
+        mode=mode,
+        rtol=None if tol is None else tol.rtol,
+        atol=None if tol is None else tol.atol,
+        message=message,
+        diagnostics=found,
+    )

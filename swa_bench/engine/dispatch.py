@@ -1,0 +1,100 @@
+"""The one decision of a step: graph or eager, whole batch or replay batch, which rows it keeps.
+
+vLLM's model runner decides a step's runtime mode and batch descriptor once and the forward
+reads them; ``plan_step`` is that decision here. The engine carries its result into the forward
+context (the replay batch, or none), the capture code plans its dummy batches with it, and the
+figures a run reports (kept rows, FLOPs, the ideal speedup) come from the plan of the step that
+actually ran. Nothing else re-derives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swa_bench.engine.config import EngineConfig
+from swa_bench.graphs.capture_sizes import padded_size
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.requests import RequestSpec
+from swa_bench.replay.row_selection import halo_size, kept_lens, trims
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one step runs. ``kept_lens`` are the rows each request keeps on the replay batch (its
+    query length when the decoder runs on the whole batch)."""
+
+    graph_size: int | None  # the capture size the step replays at; None: it runs eagerly
+    replays: bool  # the rest of S and the decoder run on a replay batch of kept rows
+    kept_lens: tuple[int, ...]
+    num_tokens: int
+    reason: str
+
+    @property
+    def num_kept(self) -> int:
+        return sum(self.kept_lens)
+
+    @property
+    def trims(self) -> bool:
+        return self.num_kept < self.num_tokens
+
+
+def policy_kept_lens(
+    requests: Sequence[RequestSpec], config: EngineConfig, args: ModelArgs
+) -> tuple[int, ...]:
+    """Rows each request keeps under the configured policy, whether or not the step replays."""
+    halo = halo_size(args.window, args.n_decoder_layers, config.halo_align)
+    return tuple(kept_lens(requests, config.policy, args.window, halo))
+
+
+def graph_size_for(
+    requests: Sequence[RequestSpec], config: EngineConfig, args: ModelArgs
+) -> int | None:
+    """The capture size a step pads to; None when it runs eagerly (eager mode, above the largest
+    capture size, or more logits rows than a graph returns)."""
+    if config.graph_mode == "eager":
+        return None
+    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    if num_logits > args.max_requests:
+        return None
+    return padded_size(sum(r.query_len for r in requests), config.capture_sizes)
+
+
+def plan_step(
+    requests: Sequence[RequestSpec],
+    config: EngineConfig,
+    args: ModelArgs,
+    *,
+    capture_size: int | None = None,
+) -> StepPlan:
+    """Plans ``requests`` as one step under a resolved ``config``.
+
+    ``capture_size`` plans a graph's dummy batch at capture: a graph's route is fixed by its
+    padded size, so capture and every later replay of that size agree.
+    """
+    query = tuple(r.query_len for r in requests)
+    num_tokens = sum(query)
+    lens = policy_kept_lens(requests, config, args)
+    size = capture_size if capture_size is not None else graph_size_for(requests, config, args)
+    if config.policy == "full":
+        replays, reason = False, "policy full: the reference path"
+    elif size is not None and config.graph_mode == "full":
+        replays, reason = False, "FULL graph: the decoder stays on the whole batch"
+    elif size is not None:
+        replays = size >= config.trim_threshold
+        relation = ">=" if replays else "<"
+        reason = f"PIECEWISE graph of {size} {relation} trim_threshold {config.trim_threshold}"
+    elif num_tokens < config.eager_trim_threshold:
+        replays = False
+        reason = f"eager step of {num_tokens} < eager_trim_threshold {config.eager_trim_threshold}"
+    elif not trims(requests, lens):
+        replays, reason = False, "no request loses a row"
+    else:
+        replays, reason = True, "eager step: some request loses rows"
+    return StepPlan(
+        graph_size=size,
+        replays=replays,
+        kept_lens=lens if replays else query,
+        num_tokens=num_tokens,
+        reason=reason,
+    )

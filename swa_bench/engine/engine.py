@@ -1,0 +1,207 @@
+"""The step runner: one model, one cache, one configuration (replay policy and graph mode).
+
+``Engine.step`` is what a serving engine's model runner does per step: plan the step once
+(``dispatch.plan_step``: graph or eager, whole batch or replay batch), pack the requests, build the
+forward context the plan calls for, and run it eagerly or through the captured graph of its padded
+size. The reference paths (full batch, bounded reference) are eager runs of the same model with
+different metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.dispatch import StepPlan, plan_step, policy_kept_lens
+from swa_bench.graphs.capture import CapturedGraphs
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
+from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import (
+    BatchDescriptor,
+    ForwardContext,
+    RegionTimer,
+    region,
+    set_forward_context,
+)
+from swa_bench.model.model import Streams, Transformer
+from swa_bench.model.requests import RequestSpec
+from swa_bench.replay import replay_layers
+from swa_bench.replay.replay_batch import (
+    ReplayBatch,
+    bounded_reference_metadata,
+    build_replay_batch,
+)
+
+
+@dataclass
+class StepOutput:
+    # After a graph replay both are views of the graph's static outputs, valid until this engine's
+    # next step (a serving engine reads them before the next step; no copy on the hot path).
+    logits: torch.Tensor  # [logits rows, vocab] in StepBatch.logit_rows() order
+    streams: Streams  # final mHC streams of the real rows (zeros at rows replay trimmed)
+    step: StepBatch
+    plan: StepPlan
+    replay_batch: ReplayBatch | None
+
+
+def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
+    with torch.inference_mode(), set_forward_context(ctx):
+        return model(step.input_ids)
+
+
+class Engine:
+    def __init__(
+        self, model: Transformer, config: EngineConfig | None = None, cache: KVCache | None = None
+    ) -> None:
+        self.model = model
+        self.args: ModelArgs = model.args
+        self.config = (config or EngineConfig()).resolved(self.args.window)
+        self.device = model.embed.weight.device
+        dtype = model.embed.weight.dtype
+        self.cache = cache if cache is not None else KVCache(self.args, self.device, dtype)
+        self.logit_slots = self.args.max_requests
+        replay_layers.install(model)
+        self.graphs: CapturedGraphs | None = None
+        if self.config.graph_mode != "eager":
+            self.graphs = CapturedGraphs(
+                model, self.config.graph_mode, self.config.capture_sizes, self.logit_slots
+            )
+
+    def plan(
+        self, requests: Sequence[RequestSpec], *, capture_size: int | None = None
+    ) -> StepPlan:
+        return plan_step(requests, self.config, self.args, capture_size=capture_size)
+
+    def capture(self) -> None:
+        if self.graphs is not None and not self.graphs.captured:
+            self.model.attach_cache(self.cache)
+            self.graphs.capture_all(
+                lambda static, size: self.forward_context(
+                    static, self.plan(static.requests, capture_size=size)
+                )
+            )
+
+    def prepare(
+        self,
+        requests: Sequence[RequestSpec],
+        tokens: Sequence[Sequence[int]],
+        cache_indices: Sequence[int] | None = None,
+        *,
+        pad_to: int | None = None,
+    ) -> StepBatch:
+        indices = list(range(len(requests))) if cache_indices is None else list(cache_indices)
+        return build_step(
+            requests,
+            tokens,
+            indices,
+            self.args,
+            self.device,
+            pad_to=pad_to,
+            logit_slots=None if pad_to is None else self.logit_slots,
+        )
+
+    def forward_context(
+        self, step: StepBatch, plan: StepPlan, timer: RegionTimer | None = None
+    ) -> ForwardContext:
+        """The context ``plan`` calls for: its replay batch (or none) and its attention kernel."""
+        replay_batch = None
+        if plan.replays:
+            with region(timer, "prepare"):
+                replay_batch = build_replay_batch(step, plan.kept_lens, self.args)
+        in_full_graph = plan.graph_size is not None and self.config.graph_mode == "full"
+        return ForwardContext(
+            attn_metadata=step.metadata,
+            logits_indices=step.logits_indices,
+            batch_descriptor=BatchDescriptor(step.num_padded),
+            attention_backend="static" if in_full_graph else "varlen",
+            replay_batch=replay_batch,
+            timer=timer,
+        )
+
+    def step(
+        self,
+        requests: Sequence[RequestSpec],
+        tokens: Sequence[Sequence[int]],
+        cache_indices: Sequence[int] | None = None,
+        *,
+        timer: RegionTimer | None = None,
+    ) -> StepOutput:
+        self.model.attach_cache(self.cache)
+        plan = self.plan(requests)
+        if plan.graph_size is None:
+            step = self.prepare(requests, tokens, cache_indices)
+            ctx = self.forward_context(step, plan, timer)
+            logits, streams = run_forward(self.model, step, ctx)
+            return StepOutput(logits, streams, step, plan, ctx.replay_batch)
+        self.capture()
+        padded = self.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
+        step = self.graphs.load(padded, plan.graph_size)
+        ctx = self.forward_context(step, plan, timer)
+        logits, streams = self.graphs.run(plan.graph_size, ctx)
+        return StepOutput(
+            logits[: step.num_logits],
+            tuple(s[: step.num_tokens] for s in streams),
+            step,
+            plan,
+            ctx.replay_batch,
+        )
+
+    def eager_equivalent(
+        self,
+        requests: Sequence[RequestSpec],
+        tokens: Sequence[Sequence[int]],
+        cache_indices: Sequence[int] | None = None,
+        *,
+        on: Engine | None = None,
+    ) -> StepOutput:
+        """What ``step`` computes, run eagerly: the same plan, padded shape and attention kernel,
+        on ``on``'s cache (default this engine's). E3 compares graph replays with it; FLOPs are
+        counted on it (a graph replay hides its kernels)."""
+        target = on or self
+        plan = self.plan(requests)
+        step = target.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
+        ctx = self.forward_context(step, plan)
+        target.model.attach_cache(target.cache)
+        logits, streams = run_forward(target.model, step, ctx)
+        return StepOutput(
+            logits[: step.num_logits],
+            tuple(s[: step.num_tokens] for s in streams),
+            step,
+            plan,
+            ctx.replay_batch,
+        )
+
+    def reference_step(
+        self,
+        requests: Sequence[RequestSpec],
+        tokens: Sequence[Sequence[int]],
+        cache_indices: Sequence[int] | None = None,
+        *,
+        window_kept_lens: Sequence[int] | None = None,
+        layer_metadata: dict[int, AttentionMetadata] | None = None,
+    ) -> StepOutput:
+        """The full-batch path: every layer on every row. ``window_kept_lens`` masks decoder
+        windows below the kept start of each request's last ``window_kept_lens[i]`` rows (the
+        bounded reference, SPEC E1); ``layer_metadata`` overrides per-layer metadata outright."""
+        self.model.attach_cache(self.cache)
+        step = self.prepare(requests, tokens, cache_indices)
+        overrides = dict(layer_metadata or {})
+        if window_kept_lens is not None:
+            overrides.update(bounded_reference_metadata(step, window_kept_lens, self.args))
+        ctx = ForwardContext(
+            attn_metadata=step.metadata,
+            logits_indices=step.logits_indices,
+            batch_descriptor=BatchDescriptor(step.num_padded),
+            layer_metadata=overrides,
+        )
+        logits, streams = run_forward(self.model, step, ctx)
+        query = tuple(r.query_len for r in requests)
+        plan = StepPlan(None, False, query, sum(query), "reference: every layer on every row")
+        return StepOutput(logits, streams, step, plan, None)
+
+    def policy_kept_lens(self, requests: Sequence[RequestSpec]) -> tuple[int, ...]:
+        return policy_kept_lens(requests, self.config, self.args)

@@ -1,0 +1,177 @@
+"""One case of a scenario: its checks, then both paths measured; models and engines shared.
+
+Models are built once per (model, seed, dtype, device); engines (and their captured graphs) once
+per ``EngineConfig``, with one graph configuration's pools held at a time. A case that raises is
+recorded as an error and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import traceback
+
+import torch
+
+from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
+from swa_bench.checks import equivalence
+from swa_bench.checks.approximation import approximation, check_bounds
+from swa_bench.checks.comparison import Tolerance
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.model import Transformer, build_model
+from swa_bench.results import CaseResult, CheckResult
+from swa_bench.scenario import Case, Scenario, ScenarioError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def engine_config(case: Case) -> EngineConfig:
+    """The case's engine configuration (its replay path; the reference is this with policy full)."""
+    sc = case.scenario
+    return EngineConfig(
+        policy=sc.policy,
+        graph_mode=sc.graph_mode,
+        trim_threshold=case.trim_threshold(),
+        eager_trim_threshold=sc.eager_trim_threshold,
+        capture_sizes=tuple(sc.resolved_capture_sizes()),
+        max_capture_size=sc.max_capture_size,
+        halo_align=sc.halo_align,
+    )
+
+
+def resolve_device(scenario: Scenario) -> torch.device:
+    """``auto`` takes the GPU when there is one; asking for ``cuda`` without one is bad input."""
+    if scenario.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if scenario.device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError(scenario.source_path, "device", "cuda requested but no GPU is visible")
+    return torch.device(scenario.device)
+
+
+class CaseRunner:
+    """Shares models and engines across the cases of one scenario."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.device = resolve_device(scenario)
+        self.models: dict[str, Transformer] = {}
+        self.engines: dict[EngineConfig, Engine] = {}
+        self.flops = FlopCache()
+
+    def model(self, case: Case) -> Transformer:
+        sc = case.scenario
+        key = json.dumps([sc.model.model_dump(), sc.seed, sc.dtype], sort_keys=True, default=str)
+        if key not in self.models:
+            self.models.clear()
+            self.engines.clear()
+            self.flops.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.models[key], _ = build_model(
+                case.model_args(), seed=sc.seed, device=self.device, dtype=DTYPES[sc.dtype]
+            )
+        return self.models[key]
+
+    def engine_pair(self, model: Transformer, config: EngineConfig) -> tuple[Engine, Engine]:
+        """(reference, replay) engines of ``config``. Graph engines of other configurations are
+        dropped first: the graph pools of one configuration at a time."""
+        keep = {config.reference(), config}
+        stale = [c for c in self.engines if c.graph_mode != "eager" and c not in keep]
+        for other in stale:
+            del self.engines[other]
+        if stale and self.device.type == "cuda":
+            gc.collect()  # whatever still holds a dropped graph, release its pool before reuse
+            torch.cuda.empty_cache()
+        for c in keep:
+            if c not in self.engines:
+                self.engines[c] = Engine(model, c)
+        return self.engines[config.reference()], self.engines[config]
+
+    def run_checks(self, case: Case, model: Transformer, inputs: StepInputs) -> list[CheckResult]:
+        sc, cfg, config = case.scenario, case.scenario.checks, engine_config(case)
+        dtype = DTYPES[sc.dtype]
+        out = []
+        if cfg.e1.enabled:
+            tol = Tolerance.for_dtype(dtype, cfg.e1.rtol, cfg.e1.atol)
+            out.append(equivalence.check_e1(model, inputs, config,
+                                            decode_steps=2 * model.args.window, tol=tol))
+        if cfg.e2.enabled:
+            tol = Tolerance.for_dtype(dtype, cfg.e2.rtol, cfg.e2.atol)
+            out.append(equivalence.check_e2(model, inputs, config, tol=tol))
+        if cfg.e3.enabled:
+            engine = self.engine_pair(model, config)[1] if sc.graph_mode != "eager" else None
+            out.append(equivalence.check_e3(model, inputs, config, engine=engine))
+        if cfg.e4.enabled:
+            tol = Tolerance.for_dtype(dtype, cfg.e4.rtol, cfg.e4.atol)
+            out.append(equivalence.check_e4(model, inputs, tol=tol))
+        if cfg.e5.enabled:
+            out.append(equivalence.check_e5(model, inputs, config))
+        return out
+
+    def run_case(self, case: Case, *, timing: bool = True) -> CaseResult:
+        sc = case.scenario
+        result = CaseResult(
+            case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
+            status="ok", graph_mode=sc.graph_mode, policy=sc.policy,
+            trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
+            num_requests=len(case.requests()), batch="",
+        )
+        try:
+            model = self.model(case)
+            inputs = StepInputs.seeded(case.requests(), model.args.vocab_size, seed=sc.seed)
+            result.batch, result.batch_shape = inputs.describe(), inputs.shape()
+            result.checks = self.run_checks(case, model, inputs)
+            if sc.checks.approximation.enabled:
+                a = sc.checks.approximation
+                result.approximation = approximation(
+                    model, inputs, continuation_steps=sc.continuation_steps(),
+                    halo_align=sc.halo_align,
+                )
+                result.checks.append(check_bounds(
+                    result.approximation, max_logits_abs_error=a.max_logits_abs_error,
+                    min_top1_agreement=a.min_top1_agreement,
+                    min_greedy_agreement=a.min_greedy_agreement,
+                ))
+            if timing and sc.timing.enabled:
+                self.measure(case, model, inputs, result)
+        except Exception as err:  # recorded; the sweep goes on
+            result.status = "error"
+            result.error = f"{type(err).__name__}: {err}".strip()
+            result.error += "\n" + "".join(traceback.format_exception(err)[-3:])
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return result
+        if any(not c.passed for c in result.checks):
+            result.status = "failed"
+        return result
+
+    def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
+        """Both paths in the case's graph mode; every figure from the plan of the timed step."""
+        config, t = engine_config(case), case.scenario.timing
+        reference, replay = self.engine_pair(model, config)
+        settings = TimingSettings(warmup=t.warmup, iters=t.iters, l2_flush=t.l2_flush,
+                                  threads=t.threads, breakdown=t.breakdown)
+        m = measure_paths(reference, replay, inputs, settings, self.flops)
+        result.timing = m.timing
+        result.peak_memory_bytes = m.peak_memory_bytes
+        result.flops = m.flops
+        result.ideal_speedup = m.flops["reference"] / max(m.flops["replay"], 1)
+        result.speedup = m.timing.reference.median_ms / m.timing.replay.median_ms
+        result.efficiency = result.speedup / result.ideal_speedup
+        plan = m.plans["replay"]
+        result.replay_route = plan.reason
+        graphs = replay.graphs
+        result.deterministic = {
+            "kept_rows": plan.num_kept,
+            "flops_reference": m.flops["reference"],
+            "flops_replay": m.flops["replay"],
+            "graphs_captured": 0 if graphs is None else len(graphs.graphs),
+            "graph_segments": 0 if graphs is None else graphs.stats.segments,
+            "graph_breaks": 0 if graphs is None else graphs.stats.breaks,
+        }
+        if graphs is not None:
+            result.deterministic["padded_tokens"] = plan.graph_size or 0
+            result.capture_seconds = graphs.stats.seconds
+            on_cuda = self.device.type == "cuda"
+            result.graph_pool_bytes = graphs.stats.pool_bytes if on_cuda else None

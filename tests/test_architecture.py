@@ -1,0 +1,88 @@
+"""The package's shape: imports point one way, and the model loads no benchmark machinery.
+
+model <- replay <- runtime (graphs, engine) <- checks, bench (and the data they produce: results,
+scenarios) <- reports, compare <- run orchestration <- cli.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import swa_bench
+
+LAYERS = [
+    ("model", ["swa_bench.model"]),
+    ("replay", ["swa_bench.replay"]),
+    ("runtime", ["swa_bench.graphs", "swa_bench.engine"]),
+    ("checks and bench", ["swa_bench.checks", "swa_bench.bench", "swa_bench.results",
+                          "swa_bench.scenario"]),
+    ("reports", ["swa_bench.report", "swa_bench.compare"]),
+    ("run", ["swa_bench.run"]),
+    ("cli", ["swa_bench.cli", "swa_bench.__main__"]),
+]
+ROOT = Path(swa_bench.__file__).parent
+
+
+def layer_of(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every swa_bench module ``path`` imports, at any depth (lazy imports in functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("swa_bench")}
+
+
+def test_every_module_has_a_layer():
+    modules = [module_name(p) for p in ROOT.rglob("*.py")]
+    assert [m for m in modules if m != "swa_bench" and layer_of(m) is None] == []
+
+
+def test_imports_point_one_way():
+    backwards = []
+    for path in sorted(ROOT.rglob("*.py")):
+        name = module_name(path)
+        if name == "swa_bench":
+            continue
+        own = layer_of(name)
+        for target in imports(path):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > own:
+                backwards.append(f"{name} ({LAYERS[own][0]}) imports {target} "
+                                 f"({LAYERS[theirs][0]})")
+    assert backwards == []
+
+
+def test_the_model_loads_no_benchmark_machinery():
+    code = (
+        "import sys, swa_bench.model.model\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pandas', 'pydantic') "
+        "or m.startswith(('swa_bench.bench', 'swa_bench.replay', 'swa_bench.engine', "
+        "'swa_bench.results', 'swa_bench.graphs'))]\n"
+        "print(sorted(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_layer_check_sees_a_backward_import(tmp_path):
+    """The checker itself: a model module importing the engine is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from swa_bench.engine.engine import Engine\n")
+    assert imports(bad) == {"swa_bench.engine.engine", "swa_bench.engine.engine.Engine"}
+    assert layer_of("swa_bench.engine.engine") > layer_of("swa_bench.model.model")
