@@ -109,6 +109,3 @@ class TapeSegment:
     def replay(self) -> None:
         for op in self.tape:
             op.replay()
-
-    def __len__(self) -> int:
-        return len(self.tape)

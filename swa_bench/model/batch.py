@@ -42,7 +42,6 @@ class RequestLayout:
     kv_len: int
     kv_first_pos: int
     window_start: int
-    context_len: int
     seq_len: int
 
 
@@ -218,7 +217,6 @@ def build_step(
                 kv_len=req.query_len,
                 kv_first_pos=req.context_len,
                 window_start=batch_window_start(req.context_len, args.window),
-                context_len=req.context_len,
                 seq_len=req.seq_len,
             )
         )
