@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from swa_bench import checks
 from swa_bench.bench.advice import BreakEven, recommend_trim_threshold
@@ -30,6 +29,7 @@ from swa_bench.engine import Engine, run_eager
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.replay.replay_batch import build_replay_batch, step_kept_lens
 from swa_bench.replay.row_selection import trims
+from swa_bench.report.console import case_progress, print_checks, print_run_summary, report_checks
 from swa_bench.results import (
     CaseResult,
     CaseTiming,
@@ -40,6 +40,7 @@ from swa_bench.results import (
     load_results,
     save_results,
 )
+from swa_bench.run_folder import claim_for
 from swa_bench.scenario import Case, Scenario, ScenarioError, expand_cases, load_scenario
 from swa_bench.workload import Workload
 
@@ -278,73 +279,29 @@ def _batch_shape(batch: str) -> str:
     return " + ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
 
 
-def latency_table(results: RunResults) -> Table:
-    table = Table(title=f"{results.scenario_name}: latency", title_justify="left")
-    for col in ("tokens", "mode", "policy", "threshold", "reference ms", "replay ms", "speedup",
-                "ideal", "efficiency", "checks"):
-        left = col in ("mode", "policy", "checks")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True)
-    for case in results.cases:
-        t = case.timing
-        ref = f"{t.reference.median_ms:.3f}" if t and t.reference else "-"
-        rep = f"{t.replay.median_ms:.3f}" if t and t.replay else "-"
-        if t and ((t.reference and t.reference.noisy) or (t.replay and t.replay.noisy)):
-            rep += " ~"
-        failed = case.failed_checks()
-        if case.status == "error":
-            verdict = f"[red]error: {(case.error or '').splitlines()[0][:60]}[/red]"
-        elif failed:
-            verdict = "[red]FAIL " + ",".join(c.id for c in failed) + "[/red]"
-        else:
-            verdict = f"[green]pass[/green] ({len(case.checks)})"
-        table.add_row(
-            str(case.tokens), case.graph_mode, case.policy, str(case.trim_threshold), ref, rep,
-            _fmt(case.speedup, "x"), _fmt(case.ideal_speedup, "x"), _fmt(case.efficiency, "", 0.01),
-            verdict,
-        )
-    return table
-
-
-def _fmt(value: float | None, suffix: str, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    return f"{value / scale:.0f}%" if scale != 1.0 else f"{value:.2f}{suffix}"
-
-
-def run_dir_for(scenario: Scenario, out: Path | None, resume: bool, several: bool) -> Path:
-    """``--out`` names the run folder (one per scenario under it when several); otherwise
-    reports/<name>-<UTC time>, or with --resume the newest such folder."""
-    if out is not None:
-        return out / scenario.name if several else out
-    root = Path("reports")
-    if resume:
-        previous = sorted(root.glob(f"{scenario.name}-*/results.json"))
-        if previous:
-            return previous[-1].parent
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return root / f"{scenario.name}-{stamp}"
-
-
 def run_scenarios(
     paths: Sequence[Path], *, out: Path | None = None, resume: bool = False,
     baseline: Path | None = None, console: Console | None = None, timing: bool = True,
-    select: str | None = None,
+    select: str | None = None, overwrite: bool = False, max_cases: int | None = None,
 ) -> int:
-    """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's)."""
+    """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's).
+    Every run folder is checked and locked before the first case (run_folder.claim_for)."""
     console = console or Console()
-    scenarios = [load_scenario(p) for p in paths]
+    scenarios = [load_scenario(p, max_cases=max_cases) for p in paths]
     code = 0
-    for path, scenario in zip(paths, scenarios, strict=True):
-        run_dir = run_dir_for(scenario, out, resume, len(paths) > 1)
-        results = run_one(path, scenario, run_dir, resume=resume, console=console, timing=timing,
-                          select=select)
-        if results.verdict() != "pass":
-            code = 1
-        if baseline is not None:
-            from swa_bench.compare import compare_command
-
-            if compare_command(baseline, run_dir, console=console) != 0:
+    extra = ["-k", select] if select else []
+    with claim_for(paths, scenarios, out=out, resume=resume, overwrite=overwrite,
+                   extra_args=extra) as run_dirs:
+        for path, scenario, run_dir in zip(paths, scenarios, run_dirs, strict=True):
+            results = run_one(path, scenario, run_dir, resume=resume, console=console,
+                              timing=timing, select=select)
+            if results.verdict() != "pass":
                 code = 1
+            if baseline is not None:
+                from swa_bench.compare import compare_command
+
+                if compare_command(baseline, run_dir, console=console) != 0:
+                    code = 1
     return code
 
 
@@ -352,7 +309,7 @@ def run_one(
     path: Path, scenario: Scenario, run_dir: Path, *, resume: bool, console: Console,
     timing: bool = True, select: str | None = None,
 ) -> RunResults:
-    from swa_bench.report import write_reports
+    from swa_bench.report import append_step_summary, write_reports
 
     runner = CaseRunner(scenario)
     cases = expand_cases(scenario)
@@ -394,43 +351,30 @@ def run_one(
     results.finished_at = _now()
     save_results(run_dir, results)
     write_reports(run_dir)
-    table = latency_table(results)
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    console.print(table)
-    for advice in results.threshold_advice:
-        value = advice.recommended_trim_threshold
-        console.print(f"recommended trim_threshold for {advice.graph_mode} / {advice.batch}: "
-                      f"{value if value is not None else 'none (replay never won)'}"
-                      f"  [dim]({advice.note})[/dim]")
-    counts = results.counts()
-    console.print(f"{results.verdict().upper()}: {counts['checks_passed']}/{counts['checks']} "
-                  f"checks passed, {counts['errors']} case error(s); results in {run_dir}")
+    append_step_summary(run_dir)
+    print_run_summary(console, results, run_dir)
     return results
 
 
-def check_scenarios(paths: Sequence[Path], *, console: Console | None = None) -> int:
-    """Runs only the checks and prints a pass/fail table with diagnostics."""
+def check_scenarios(paths: Sequence[Path], *, console: Console | None = None,
+                    max_cases: int | None = None, as_json: bool = False) -> int:
+    """Runs only the checks: a progress bar, then a pass/fail table and a summary line per
+    scenario (or, with ``as_json``, one JSON document on stdout). Exit 1 unless all pass."""
     console = console or Console()
-    code = 0
+    checked = []
     for path in paths:
-        scenario = load_scenario(path)
+        scenario = load_scenario(path, max_cases=max_cases)
         runner = CaseRunner(scenario)
-        table = Table(title=f"{scenario.name}: checks", title_justify="left")
-        for col in ("case", "check", "mode", "result", "diagnostics"):
-            table.add_column(col)
-        for case in expand_cases(scenario):
-            result = runner.run_case(case, timing=False)
-            if result.status == "error":
-                code = 1
-                table.add_row(case.label(), "-", "-", "[red]error[/red]", result.error or "")
-            for check in result.checks:
-                if not check.passed:
-                    code = 1
-                verdict = "[green]pass[/green]" if check.passed else "[red]FAIL[/red]"
-                table.add_row(case.label(), check.id, check.mode, verdict, check.message)
-        console.print(table)
-    return code
+        cases = expand_cases(scenario)
+        results = []
+        with case_progress(console, scenario.name, len(cases)) as starting:
+            for case in cases:
+                starting(case.label())
+                results.append(runner.run_case(case, timing=False))
+        if not as_json:
+            print_checks(console, scenario.name, results)
+        checked.append((scenario.name, str(path), results))
+    return report_checks(checked, as_json=as_json)
 
 
 def _now() -> str:

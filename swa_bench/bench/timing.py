@@ -2,11 +2,14 @@
 
 GPU work is timed with CUDA events on the current stream and the host synchronizes once, after the
 last iteration, so the timed loop never stalls the launch queue. CPU work is timed with
-``time.perf_counter`` under a fixed thread count, restored afterwards.
+``time.perf_counter`` under a fixed thread count, restored afterwards: by default one thread (or
+OMP_NUM_THREADS), because intra-op threads spin-wait for each other and a second job on a small
+machine then turns a 10 ms step into 50-2500 ms.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -49,12 +52,19 @@ def summarize(samples_ms: Sequence[float], noise_threshold: float = NOISE_THRESH
     )
 
 
+def default_threads(environ: dict[str, str] | None = None) -> int:
+    """CPU threads when a scenario sets none: OMP_NUM_THREADS when it is a positive integer,
+    else 1."""
+    value = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 @contextmanager
 def num_threads(threads: int | None) -> Iterator[None]:
-    """Run the body under ``torch.set_num_threads(threads)``; the previous count is restored."""
+    """Run the body under ``torch.set_num_threads(threads)`` (None: ``default_threads()``); the
+    previous count is restored."""
     if threads is None:
-        yield
-        return
+        threads = default_threads()
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     previous = torch.get_num_threads()

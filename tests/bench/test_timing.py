@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from swa_bench.bench.timing import RegionTimer, region, summarize, time_fn
+from swa_bench.bench.timing import RegionTimer, default_threads, region, summarize, time_fn
 
 CPU = torch.device("cpu")
 
@@ -162,3 +162,17 @@ def test_region_timer_cuda():
             a @ a
     summary = timer.summary()
     assert summary["layers"] > summary["gather"] > 0
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 1), ("", 1), ("4", 4), ("0", 1),
+                                                 ("two", 1), (" 2 ", 2)])
+def test_default_threads_honours_omp_num_threads(value, expected):
+    environ = {} if value is None else {"OMP_NUM_THREADS": value}
+    assert default_threads(environ) == expected
+
+
+def test_time_fn_without_threads_takes_the_default(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = []
+    time_fn(lambda: seen.append(torch.get_num_threads()), device=CPU, warmup=0, iters=2)
+    assert seen == [1, 1]

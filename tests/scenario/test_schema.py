@@ -33,7 +33,7 @@ def test_minimal_scenario_takes_documented_defaults():
         "auto", "float32", 0, "bounded", "eager")
     assert s.model.preset == "tiny" and s.model.overrides == {}
     assert s.checks.e1.enabled and s.checks.e5.enabled and not s.checks.approximation.enabled
-    assert (s.timing.warmup, s.timing.iters, s.timing.threads) == (2, 10, 2)
+    assert (s.timing.warmup, s.timing.iters, s.timing.threads) == (2, 10, None)
     assert s.sweep.is_empty
 
 
