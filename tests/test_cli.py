@@ -259,3 +259,89 @@ def test_cuda_scenario_without_gpu_is_bad_input(tmp_path):
         "scenarios/v41-flash-shape-16k.yaml: device: cuda requested but no GPU is visible"
     )
     assert not out.exists(), "nothing is written for bad input"
+
+
+# --- a CLI that fits the ecosystem -----------------------------------------------------------
+
+
+def test_version_list_and_bare_help():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"swa-bench {version('swa-bench')}"
+    listed = runner.invoke(app, ["list"], terminal_width=200)
+    assert listed.exit_code == 0
+    for path in SHIPPED:
+        assert path.stem in listed.stdout
+    assert "tiny" in listed.stdout and "v41-flash-shape" in listed.stdout
+    bare = swa_bench()
+    assert bare.returncode == 0
+    assert bare.stdout.count("Usage:") == 1, "the help is printed once"
+
+
+def test_every_command_lists_its_exit_codes():
+    for command in ("validate", "run", "check", "report", "compare", "export", "list"):
+        text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).stdout.split())
+        assert "Exit codes: 0" in text, command
+    run_help = runner.invoke(app, ["run", "--help"], terminal_width=200).stdout
+    assert "reports/NAME-UTCTIME" in run_help and "reports/-" not in run_help
+
+
+def test_shipped_scenarios_resolve_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no scenarios/ folder here: the package's copies are used
+    result = runner.invoke(app, ["validate", "smoke", "threshold-sweep"])
+    assert result.exit_code == 0, result.output
+    assert "smoke.yaml" in result.stdout and "threshold-sweep.yaml" in result.stdout
+    dry = runner.invoke(app, ["run", "--dry-run", "smoke"])
+    assert dry.exit_code == 0 and "9 cases" in dry.stdout
+    unknown = runner.invoke(app, ["validate", "no-such-scenario"])
+    assert unknown.exit_code == 2 and "no-such-scenario: no such file" in unknown.stderr
+
+
+def test_scenarios_ship_inside_the_package():
+    import swa_bench
+
+    packaged = Path(swa_bench.__file__).parent / "scenarios"
+    assert sorted(p.name for p in packaged.glob("*.yaml")) == [p.name for p in SHIPPED]
+
+
+TINY_CHECK = """\
+name: tiny-check
+device: cpu
+workload: {requests: [{prompt_len: 12}, {prompt_len: 9, decode: true}]}
+checks: {e2: {enabled: false}, e3: {enabled: false}, e4: {enabled: false},
+         e5: {enabled: false}, approximation: {enabled: true}}
+timing: {enabled: false}
+"""
+
+
+def test_check_json_on_stdout_with_progress_elsewhere(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CHECK)
+    proc = swa_bench("check", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    document = __import__("json").loads(proc.stdout)
+    (scenario,) = document["scenarios"]
+    assert document["verdict"] == "pass" and scenario["name"] == "tiny-check"
+    outcomes = [c["outcome"] for c in scenario["cases"][0]["checks"]]
+    assert outcomes == ["pass", "info"]
+    assert scenario["counts"]["checks_passed"] == 1 and scenario["counts"]["checks_info"] == 1
+    table = swa_bench("check", str(path))
+    assert table.returncode == 0
+    last = table.stdout.strip().splitlines()[-1]
+    assert last.startswith("PASS: 1 of 1 checks passed (1 info results")
+
+
+def test_run_appends_its_report_to_the_step_summary_and_exports(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CHECK.replace("timing: {enabled: false}",
+                                       "timing: {enabled: true, warmup: 0, iters: 3}"))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert summary.read_text().startswith("# swa-bench: tiny-check")
+    exported = runner.invoke(app, ["export", str(tmp_path / "run")])
+    entries = __import__("json").loads(exported.stdout)
+    assert [e["name"].rsplit("/", 1)[-1] for e in entries] == ["reference", "replay"]
+    assert runner.invoke(app, ["export", str(tmp_path / "nothing")]).exit_code == 2

@@ -154,17 +154,17 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
     console.print(latency_table(results))
     warning = unstable_warning(results)
     if warning:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     for advice in results.threshold_advice:
         value = advice.recommended_trim_threshold
         console.print(f"recommended trim_threshold for {escape(advice.graph_mode)} / "
                       f"{escape(advice.batch)}: "
                       f"{value if value is not None else 'none (replay never won)'} "
-                      f"[dim]({escape(advice.note)})[/]", highlight=False)
+                      f"[dim]({escape(advice.note)})[/]", highlight=False, soft_wrap=True)
     print_failures(console, results.cases)
     verdict = results.verdict()
     console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(tables.verdict_line(results))}[/]; "
-                  f"results in {escape(str(run_dir))}", highlight=False)
+                  f"results in {escape(str(run_dir))}", highlight=False, soft_wrap=True)
 
 
 def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
@@ -173,10 +173,10 @@ def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
         for check in case.failed_checks():
             console.print(f"[red]FAIL[/] {escape(case.label)} {escape(check.id)}: "
                           f"{escape(tables.one_line(tables.describe_check(check)))}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         if case.status == "error":
             console.print(f"[red]ERROR[/] {escape(case.label)}: "
-                          f"{escape(tables.one_line(case.error))}", highlight=False)
+                          f"{escape(tables.one_line(case.error))}", highlight=False, soft_wrap=True)
 
 
 # --- swa-bench check ---------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> No
     print_failures(console, cases)
     verdict = overall_verdict(cases)
     console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
 
 
 def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dict[str, Any]:
@@ -301,13 +301,14 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     from swa_bench.compare import sorted_rows, verdict_line
 
     for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     console.print(comparison_table(comparison))
     for row in sorted_rows(comparison):
         if row.status in ("unchanged", "new", "missing") or not row.reasons:
             continue
         style = _COMPARE_STYLE[row.status]
         console.print(f"[{style}]{row.status}[/] {escape(row.label)}: "
-                      f"{escape('; '.join(row.reasons))}", highlight=False)
+                      f"{escape('; '.join(row.reasons))}", highlight=False, soft_wrap=True)
     style = "bold red" if comparison.failed else "bold green"
-    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False)
+    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False,
+                  soft_wrap=True)
