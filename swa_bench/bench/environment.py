@@ -63,7 +63,7 @@ def capture_environment(threads: int | None = None) -> dict[str, Any]:
     the timing loop takes) when None.
     """
     import swa_bench
-    from swa_bench.bench.timing import default_threads
+    from swa_bench.bench.timing import cpu_clock_name, default_threads
 
     git_sha, git_dirty = git_state(Path(swa_bench.__file__).resolve().parent)
     return {
@@ -76,6 +76,7 @@ def capture_environment(threads: int | None = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "threads": threads if threads is not None else default_threads(),
+        "cpu_timer": cpu_clock_name(threads if threads is not None else default_threads()),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "git_sha": git_sha,
         "git_dirty": git_dirty,

@@ -440,6 +440,8 @@ def describe_error(error: ErrorDetails) -> Problem:
         return loc, f"must be one of {ctx['expected']}, got {_show(value)}"
     if kind == "too_short":
         return loc, "must not be empty"
+    if kind == "string_too_long":
+        return loc, f"must be at most {ctx['max_length']} characters, got {len(value)}"
     if kind == "string_pattern_mismatch":
         return loc, f"must match {ctx['pattern']}, got {_show(value)}"
     if kind == "value_error":

@@ -9,7 +9,7 @@ import swa_bench
 from swa_bench.bench.environment import capture_environment, git_state, scenario_hash
 
 KEYS = {"torch", "cuda", "gpu", "driver", "python", "platform", "hostname", "cpu_count",
-        "threads", "omp_num_threads", "git_sha", "git_dirty"}
+        "threads", "omp_num_threads", "cpu_timer", "git_sha", "git_dirty"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 

@@ -13,6 +13,7 @@ from swa_bench import checks
 from swa_bench.bench.runner import CaseRunner, run_scenarios
 from swa_bench.cli import app
 from swa_bench.results import RunResults, load_results
+from swa_bench.run_folder import Interrupted
 from swa_bench.scenario import default_scenario_path, expand_cases, load_scenario
 
 SMALL_SWEEP = """\
@@ -87,7 +88,7 @@ def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_pa
         return real(self, case, **kwargs)
 
     monkeypatch.setattr(CaseRunner, "run_case", killed_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=r"kept 1 finished case in .*--resume$"):
         run_scenarios([scenario_file], out=out, console=quiet())
     finished = load_results(out)
     assert [c.case_id for c in finished.cases] == calls

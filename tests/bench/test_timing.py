@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from swa_bench.bench.timing import RegionTimer, default_threads, region, summarize, time_fn
+from swa_bench.bench.timing import (
+    RegionTimer,
+    default_threads,
+    num_threads,
+    region,
+    summarize,
+    time_fn,
+)
 
 CPU = torch.device("cpu")
 
@@ -75,8 +82,8 @@ def test_time_fn_restores_threads_when_fn_raises():
     assert torch.get_num_threads() == before
 
 
-def test_time_fn_measures_sleep():
-    stats = time_fn(lambda: time.sleep(0.002), device=CPU, warmup=1, iters=5)
+def test_time_fn_measures_sleep_in_wall_clock_with_several_threads():
+    stats = time_fn(lambda: time.sleep(0.002), device=CPU, warmup=1, iters=5, threads=2)
     assert 1.0 < stats.median_ms < 200.0
     assert min(stats.samples_ms) > 1.0
 
@@ -176,3 +183,13 @@ def test_time_fn_without_threads_takes_the_default(monkeypatch):
     seen = []
     time_fn(lambda: seen.append(torch.get_num_threads()), device=CPU, warmup=0, iters=2)
     assert seen == [1, 1]
+
+
+def test_one_thread_samples_cpu_time_not_time_spent_descheduled():
+    """A sleeping step (the thread descheduled, as under another job) costs no CPU time."""
+    with num_threads(1):
+        stats = time_fn(lambda: time.sleep(0.02), device=CPU, warmup=0, iters=3)
+    assert stats.median_ms < 5
+    with num_threads(2):
+        assert time_fn(lambda: time.sleep(0.02), device=CPU, warmup=0, iters=3,
+                       threads=2).median_ms >= 19

@@ -114,3 +114,31 @@ def test_github_benchmark_export_is_custom_smaller_is_better():
     assert set(first) == {"name", "unit", "value", "range", "extra"}
     assert first["unit"] == "ms" and first["value"] == round(timed[0].timing.reference.median_ms, 6)
     assert first["name"] == f"synthetic/{timed[0].label}/reference"
+
+
+def test_report_on_a_read_only_or_full_folder_is_one_line(tmp_path, monkeypatch):
+    """Root writes anywhere, so the read-only pre-check is exercised through os.access."""
+    import errno
+    import os
+
+    import pytest
+
+    import swa_bench.report as report
+    from swa_bench.results import ResultsError, save_results
+
+    save_results(tmp_path, synthetic.synthetic_run())
+    before = (tmp_path / "results.json").read_bytes()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != tmp_path and real_access(p, mode))
+    with pytest.raises(ResultsError, match="read-only"):
+        report.write_reports(tmp_path)
+    monkeypatch.setattr(os, "access", real_access)
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "write_text_atomic", full)
+    with pytest.raises(ResultsError, match="No space left on device"):
+        report.write_reports(tmp_path)
+    assert (tmp_path / "results.json").read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
