@@ -330,13 +330,13 @@ def run(
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None
-    _use_default_threads()
     from swa_bench.bench.runner import run_scenarios
 
     try:
-        code = run_scenarios(paths, out=out, resume=resume, overwrite=overwrite,
-                             baseline=baseline, select=select, max_cases=max_cases,
-                             console=Console())
+        with _default_threads():
+            code = run_scenarios(paths, out=out, resume=resume, overwrite=overwrite,
+                                 baseline=baseline, select=select, max_cases=max_cases,
+                                 console=Console())
     except Interrupted as err:
         _say_error(str(err))
         raise typer.Exit(130) from None
@@ -350,14 +350,12 @@ def run(
     raise typer.Exit(code)
 
 
-def _use_default_threads() -> None:
-    """One CPU thread for the whole run unless OMP_NUM_THREADS says otherwise (torch already
-    honours it then): checks and timing stay steady when other jobs share the machine."""
-    import torch
+def _default_threads() -> Any:
+    """One CPU thread for the whole command unless OMP_NUM_THREADS says otherwise: checks and
+    timing stay steady when other jobs share the machine. Restored afterwards."""
+    from swa_bench.bench.timing import num_threads
 
-    from swa_bench.bench.timing import default_threads
-
-    torch.set_num_threads(default_threads())
+    return num_threads(None)
 
 
 @app.command()
@@ -379,12 +377,12 @@ def check(
     """
     paths = _resolve(files)
     _load_all(paths, max_cases)
-    _use_default_threads()
     from swa_bench.bench.runner import check_scenarios
 
     try:
-        code = check_scenarios(paths, console=Console(stderr=as_json), max_cases=max_cases,
-                               as_json=as_json)
+        with _default_threads():
+            code = check_scenarios(paths, console=Console(stderr=as_json), max_cases=max_cases,
+                                   as_json=as_json)
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None

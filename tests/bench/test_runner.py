@@ -54,7 +54,7 @@ def test_default_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "smoke")])
     assert result.exit_code == 0, result.output
-    assert "reference ms" in result.output and "PASS" in result.output
+    assert "ref ms" in result.output and "PASS" in result.output
     results = load_results(tmp_path / "smoke")
     assert results.verdict() == "pass"
     assert len(results.cases) == len(expand_cases(load_scenario(default_scenario_path())))

@@ -106,13 +106,14 @@ def test_time_fn_rejects_unsupported_device():
 
 def test_region_timer_sequential_and_nested():
     timer = RegionTimer(CPU)
-    for _ in range(3):
-        with timer.region("layers"):
-            with timer.region("gather"):
+    with num_threads(2):  # wall clock: the regions sleep (one thread would take CPU time)
+        for _ in range(3):
+            with timer.region("layers"):
+                with timer.region("gather"):
+                    time.sleep(0.001)
                 time.sleep(0.001)
-            time.sleep(0.001)
-        with timer.region("scatter"):
-            pass
+            with timer.region("scatter"):
+                pass
     samples = timer.samples()
     assert set(samples) == {"layers", "gather", "scatter"}
     assert [len(v) for v in samples.values()] == [3, 3, 3]
