@@ -7,23 +7,28 @@ code 2 (``FILE: path.to.field: message``), never a traceback, reported before an
 
 from __future__ import annotations
 
+import json
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from typer.core import TyperGroup
 
 from swa_bench.scenario import (
+    MAX_CASES,
     Case,
     Scenario,
     ScenarioError,
     default_scenario_path,
-    expand_cases,
-    load_scenario,
+    load_cases,
+    resolve_scenario_path,
+    shipped_scenarios,
 )
 
 try:  # typer >= 0.25 vendors click; before, it uses the click package
@@ -38,15 +43,18 @@ request's kept rows.
 
 A short tour:
 
+* `swa-bench list`: the shipped scenarios and model presets.
 * `swa-bench validate scenarios/*.yaml`: check scenario files, count their sweep cases.
 * `swa-bench run --dry-run`: list the cases of the smoke scenario; runs nothing.
-* `swa-bench run scenarios/threshold-sweep.yaml --out reports/ts`: time and verify each case.
-* `swa-bench check scenarios/smoke.yaml`: only the equivalence checks E1-E5.
+* `swa-bench run threshold-sweep --out reports/ts`: time and verify each case.
+* `swa-bench check smoke`: only the equivalence checks E1-E5.
 * `swa-bench report reports/ts`: Markdown, HTML and JUnit reports of a run.
 * `swa-bench compare reports/base reports/ts`: gate a run against a baseline.
 
-Bad input exits 2 with one line: `FILE: path.to.field: message`.
+A scenario is a YAML file or the name of a shipped one. Bad input exits 2 with one line:
+`FILE: path.to.field: message`, before any work.
 """
+
 
 
 # click >= 8.2 raises this for a bare `swa-bench`; it must still print the help.
@@ -62,8 +70,11 @@ class _OneLineErrors(TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
-        except _NoArgsIsHelp:
-            return super().main(*args, standalone_mode=True, **kwargs)
+        except _NoArgsIsHelp as err:  # typer's rich help has printed itself; plain click's not
+            text = err.format_message()
+            if text.strip():
+                typer.echo(text)
+            sys.exit(0)
         except click_exceptions.UsageError as err:
             where = err.ctx.command_path if err.ctx is not None else "swa-bench"
             _say_error(f"{where}: {err.format_message()} (see --help)")
@@ -71,8 +82,11 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.ClickException as err:
             _say_error(f"swa-bench: {err.format_message()}")
             sys.exit(err.exit_code)
+        except click_exceptions.Abort:  # Ctrl-C outside a run: nothing to keep
+            _say_error("swa-bench: interrupted")
+            sys.exit(130)
         except KeyboardInterrupt:
-            _say_error("swa-bench: interrupted (finished cases are kept; --resume continues)")
+            _say_error("swa-bench: interrupted")
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -88,35 +102,63 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+def _version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"swa-bench {version('swa-bench')}")
+        except PackageNotFoundError:
+            typer.echo("swa-bench (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
 ScenarioFiles = Annotated[
-    list[Path], typer.Argument(help="Scenario YAML files.", show_default=False)
+    list[Path], typer.Argument(help="Scenario YAML files or shipped scenario names.",
+                               show_default=False)
+]
+MaxCases = Annotated[
+    int, typer.Option("--max-cases", min=1, help="Refuse sweeps that expand to more cases.")
 ]
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    """Exceptions that mean bad input: ScenarioError, and ResultsError for run directories."""
+    """Exceptions that mean bad input: ScenarioError, ResultsError for run directories, and
+    RunFolderError for output folders."""
     from swa_bench.results import ResultsError
+    from swa_bench.run.folder import RunFolderError
 
-    return (ScenarioError, ResultsError)
+    return (ScenarioError, ResultsError, RunFolderError)
 
 
 def _say_error(line: str) -> None:
     typer.echo(" ".join(line.split()), err=True)
 
 
-def _load(path: Path) -> tuple[Scenario, list[Case]]:
-    scenario = load_scenario(path)
-    return scenario, expand_cases(scenario)
+def _load(path: Path, max_cases: int = MAX_CASES) -> tuple[Scenario, list[Case]]:
+    return load_cases(path, max_cases=max_cases)
 
 
-def _load_all(paths: list[Path]) -> list[tuple[Path, Scenario, list[Case]]]:
+def _load_all(paths: list[Path], max_cases: int = MAX_CASES
+              ) -> list[tuple[Path, Scenario, list[Case]]]:
     """Every file is loaded (and every error printed) before anything runs; exit 2 on any."""
     loaded, failed = [], False
     for path in paths:
         try:
-            loaded.append((path, *_load(path)))
+            loaded.append((path, *_load(path, max_cases)))
         except ScenarioError as err:
             _say_error(str(err))
+            failed = True
+        except Exception as err:  # a bug tripped by odd input still gets one line
+            _say_error(f"{path}: cannot load ({type(err).__name__}: {err})")
             failed = True
     if failed:
         raise typer.Exit(2)
@@ -130,16 +172,58 @@ def _require(path: Path | None, what: str) -> None:
         raise typer.Exit(2)
 
 
+def _resolve(paths: list[Path]) -> list[Path]:
+    return [resolve_scenario_path(p) for p in paths]
+
+
+def _plain_console(stderr: bool = False) -> Console:
+    """A console that keeps 80 columns when piped and never highlights numbers in user text."""
+    return Console(stderr=stderr, highlight=False)
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the shipped scenarios (run them by name: `swa-bench run smoke`) and model presets.
+
+    Exit codes: 0.
+    """
+    from swa_bench.model.args import PRESETS
+
+    console = _plain_console()
+    table = Table(title="scenarios", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for column in ("name", "cases", "description"):
+        table.add_column(column, overflow="fold")
+    for name, path in shipped_scenarios().items():
+        try:
+            scenario, cases = _load(path)
+            table.add_row(name, str(len(cases)), escape(scenario.description.strip()))
+        except ScenarioError as err:
+            table.add_row(name, "-", escape(str(err)))
+    console.print(table)
+    presets = Table(title="model presets", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for column in ("preset", "layers", "dim", "window", "experts"):
+        presets.add_column(column)
+    for name, args in PRESETS.items():
+        presets.add_row(name, str(args.n_layers), str(args.dim), str(args.window),
+                        str(args.n_routed_experts))
+    console.print(presets)
+
+
 @app.command()
-def validate(files: ScenarioFiles) -> None:
+def validate(
+    files: ScenarioFiles,
+    max_cases: MaxCases = MAX_CASES,
+) -> None:
     """Validate scenario files and expand their sweeps; runs nothing.
 
-    Prints `ok  FILE  (N cases)` per good file and one error line per bad one (exit 2).
+    Prints `ok  FILE  (N cases)` per good file and one error line per bad one.
+
+    Exit codes: 0 all valid; 2 a file is invalid (one line per file on stderr).
     """
     failed = False
-    for file in files:
+    for file in _resolve(files):
         try:
-            count = len(_load(file)[1])
+            count = len(_load(file, max_cases)[1])
         except ScenarioError as err:
             _say_error(str(err))
             failed = True
@@ -177,7 +261,7 @@ def cases_table(path: Path, scenario: Scenario, cases: list[Case]) -> Table:
 def run(
     scenarios: Annotated[
         list[Path] | None,
-        typer.Argument(help="Scenario YAML files (default: scenarios/smoke.yaml).",
+        typer.Argument(help="Scenario YAML files or shipped names (default: smoke).",
                        show_default=False),
     ] = None,
     dry_run: Annotated[
@@ -185,11 +269,16 @@ def run(
     ] = False,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="The run folder (default: reports/<scenario>-<UTC time>).",
+        typer.Option("--out", help="The run folder (default: reports/NAME-UTCTIME; with "
+                                   "several scenarios, one folder per name under --out).",
                      show_default=False),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep cases already finished in --out; run the rest.")
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier run in --out (its results "
+                                               "are deleted).")
     ] = False,
     select: Annotated[
         str | None,
@@ -201,13 +290,21 @@ def run(
         typer.Option("--baseline", help="An earlier run (directory or results.json) to gate "
                                         "against; regressions exit 1.", show_default=False),
     ] = None,
+    max_cases: MaxCases = MAX_CASES,
 ) -> None:
     """Run scenarios: checks, timing and FLOPs of every case, saved under --out.
 
-    With no scenario file, runs the smoke scenario. Every file is validated before anything runs.
+    With no scenario, runs the shipped smoke scenario. Every file, --out and --baseline are
+    checked before anything runs; a folder holding another run is refused (--resume,
+    --overwrite or another --out). Ctrl-C keeps the finished cases and prints the command that
+    resumes. CPU timing uses one thread unless OMP_NUM_THREADS or timing.threads says otherwise.
+
+    Exit codes: 0 every check passed; 1 a check failed, a case raised, no pass/fail check ran,
+    or --baseline regressed; 2 bad input or an unusable folder (one line on stderr); 130
+    interrupted.
     """
-    paths = scenarios or [default_scenario_path()]
-    loaded = _load_all(paths)
+    paths = _resolve(scenarios) if scenarios else [default_scenario_path()]
+    loaded = _load_all(paths, max_cases)
     if dry_run:
         console = Console()
         for path, scenario, cases in loaded:
@@ -217,33 +314,72 @@ def run(
                 console.width = max(console.width, Measurement.get(console, wide, table).maximum)
             console.print(table)
         return
-    _require(baseline, "baseline")
-    if out is not None and out.exists() and not out.is_dir():
-        _say_error(f"{out}: --out exists and is not a directory")
+    if resume and overwrite:
+        _say_error("swa-bench run: --resume and --overwrite contradict each other; pick one")
         raise typer.Exit(2)
+    from swa_bench.results import load_results
+    from swa_bench.run.folder import Interrupted, check_target
+
+    try:
+        if baseline is not None:
+            load_results(baseline)  # a corrupt baseline is bad input now, not a regression later
+        if out is not None:
+            check_target(out)
+    except _user_errors() as err:
+        _say_error(str(err))
+        raise typer.Exit(2) from None
     from swa_bench.run.commands import LoadedScenario, run_scenarios
 
     try:
-        code = run_scenarios([LoadedScenario(*item) for item in loaded], out=out, resume=resume,
-                             baseline=baseline, select=select,
-                             console=Console())
+        with _default_threads():
+            code = run_scenarios([LoadedScenario(*item) for item in loaded], out=out,
+                                 resume=resume, overwrite=overwrite, baseline=baseline,
+                                 select=select, max_cases=max_cases, console=Console())
+    except Interrupted as err:
+        _say_error(str(err))
+        raise typer.Exit(130) from None
     except _user_errors() as err:
         _say_error(str(err))
+        raise typer.Exit(2) from None
+    except OSError as err:  # a full disk: results.json still holds the last finished case
+        where = f"{err.filename}: " if err.filename else ""
+        _say_error(f"swa-bench run: {where}cannot write: {err.strerror or err}")
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 
 
+def _default_threads() -> Any:
+    """One CPU thread for the whole command unless OMP_NUM_THREADS says otherwise: checks and
+    timing stay steady when other jobs share the machine. Restored afterwards."""
+    from swa_bench.bench.timing import num_threads
+
+    return num_threads(None)
+
+
 @app.command()
-def check(files: ScenarioFiles) -> None:
+def check(
+    files: ScenarioFiles,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON on stdout (progress on "
+                                          "stderr).")
+    ] = False,
+    max_cases: MaxCases = MAX_CASES,
+) -> None:
     """Run only the equivalence checks of each case (E1-E5, approximation bounds); no timing.
 
-    Exit 1 when a check fails.
+    Prints a progress bar, a table with one column per check (pass, FAIL, or info: measured, not
+    judged), the failures with their worst tensor, and a summary line.
+
+    Exit codes: 0 every check passed; 1 a check failed, a case raised, or no pass/fail check
+    ran; 2 bad input (one line on stderr).
     """
-    loaded = _load_all(files)
+    loaded = _load_all(_resolve(files), max_cases)
     from swa_bench.run.commands import LoadedScenario, check_scenarios
 
     try:
-        code = check_scenarios([LoadedScenario(*item) for item in loaded], console=Console())
+        with _default_threads():
+            code = check_scenarios([LoadedScenario(*item) for item in loaded],
+                                   console=Console(stderr=as_json), as_json=as_json)
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None
@@ -256,7 +392,10 @@ def report(
         Path, typer.Argument(help="A run directory, or its results.json.", show_default=False)
     ],
 ) -> None:
-    """Write report.md, report.html and junit.xml of a finished run; print their paths."""
+    """Write report.md, report.html and junit.xml of a finished run; print their paths.
+
+    Exit codes: 0 written; 2 no readable results, or the folder cannot be written.
+    """
     _require(run_dir, "run directory")
     from swa_bench.report import write_reports
 
@@ -290,18 +429,61 @@ def compare(
         bool, typer.Option("--no-timing", help="Report timing changes but never fail on them "
                                                "(noisy shared runners).")
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the comparison as JSON on stdout.")
+    ] = False,
 ) -> None:
     """Compare a run with a baseline; exit 1 on a regression.
 
-    A regression is a check that now fails, a changed deterministic figure (FLOPs, kept rows), or
-    a median slowdown beyond --max-slowdown. Missing and new cases are reported, not failed.
+    A regression is a check that now fails, a changed deterministic figure (FLOPs, kept rows), a
+    median slowdown beyond --max-slowdown, or a timing that is not a finite number. Missing and
+    new cases are reported; two runs with no case in common fail (nothing was compared). With
+    GITHUB_STEP_SUMMARY set, the markdown table is appended there.
+
+    Exit codes: 0 no regression; 1 a regression, or nothing compared; 2 bad input (one line on
+    stderr).
     """
     from swa_bench.compare import compare_command
 
     try:
         code = compare_command(baseline, current, max_slowdown=max_slowdown, out=out,
-                               gate_timing=not no_timing, console=Console())
+                               gate_timing=not no_timing, console=_plain_console(),
+                               as_json=as_json)
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory, or its results.json.", show_default=False)
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the JSON here instead of stdout.", show_default=False),
+    ] = None,
+) -> None:
+    """Export the medians as github-action-benchmark's `customSmallerIsBetter` JSON.
+
+    One entry per case and timed path, in ms, with p10–p90 as the range. Feed the file to
+    `benchmark-action/github-action-benchmark` with `tool: customSmallerIsBetter`.
+
+    Exit codes: 0 written; 2 no readable results, or --out cannot be written.
+    """
+    from swa_bench.report.export import github_benchmark_entries
+    from swa_bench.results import load_results, write_text_atomic
+
+    try:
+        text = json.dumps(github_benchmark_entries(load_results(run_dir)), indent=2) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            write_text_atomic(out, text)
+    except _user_errors() as err:
+        _say_error(str(err))
+        raise typer.Exit(2) from None
+    except OSError as err:
+        _say_error(f"{out}: --out: cannot write: {err.strerror or err}")
+        raise typer.Exit(2) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from typing import Literal
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from scipy.stats import mannwhitneyu
 
 from swa_bench.results import (
@@ -33,7 +33,7 @@ from swa_bench.results import (
 )
 
 RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
-TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent"]
+TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
 TIMED_PATHS = ("reference", "replay")
 
@@ -54,6 +54,9 @@ class TimingDelta:
         if self.verdict == "absent":
             side = "current" if self.current_ms is None else "baseline"
             return f"{self.path} timing absent in {side}"
+        if self.verdict == "invalid":
+            return (f"{self.path} median is not a finite number "
+                    f"({self.baseline_ms} -> {self.current_ms} ms)")
         text = f"{self.path} {self.baseline_ms:.3f} -> {self.current_ms:.3f} ms"
         p = {"slower": self.p_slower, "faster": self.p_faster}.get(self.verdict)
         if self.change is not None:
@@ -81,6 +84,16 @@ class Comparison:
     @property
     def regressed(self) -> bool:
         return any(row.status == "regressed" for row in self.rows)
+
+    @property
+    def matched(self) -> int:
+        """Cases found in both runs: what was actually compared."""
+        return sum(row.status not in ("new", "missing") for row in self.rows)
+
+    @property
+    def failed(self) -> bool:
+        """The gate fails on a regression, and when nothing was compared at all."""
+        return self.regressed or self.matched == 0
 
     def counts(self) -> dict[str, int]:
         tally = Counter(row.status for row in self.rows)
@@ -123,6 +136,10 @@ def compare_timing(path: str, baseline: TimingStats | None, current: TimingStats
     if baseline is None or current is None:
         return TimingDelta(path, baseline and baseline.median_ms, current and current.median_ms,
                            None, None, None, "absent")
+    figures = [baseline.median_ms, current.median_ms, *baseline.samples_ms, *current.samples_ms]
+    if not all(math.isfinite(x) for x in figures):  # NaN compares as "unchanged" otherwise
+        return TimingDelta(path, baseline.median_ms, current.median_ms, None, None, None,
+                           "invalid")
     change = (current.median_ms / baseline.median_ms - 1.0 if baseline.median_ms > 0
               else math.inf if current.median_ms > 0 else 0.0)
     if min(len(baseline.samples_ms), len(current.samples_ms)) < min_samples:
@@ -196,7 +213,9 @@ def compare_case(key: str, baseline: CaseResult, current: CaseResult, *, timing_
         if delta is None:
             continue
         timings.append(delta)
-        if delta.verdict in ("absent", "too few samples"):
+        if delta.verdict == "invalid":
+            regressions.append(delta.describe())
+        elif delta.verdict in ("absent", "too few samples"):
             warnings.append(f"{delta.describe()}: {delta.verdict}, timing not gated"
                             if delta.verdict == "too few samples" else delta.describe())
         elif delta.verdict in ("slower", "faster") and timing_gate is not None:
@@ -250,8 +269,6 @@ def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: flo
 # --- rendering and the CLI body ------------------------------------------------------------------
 
 _ORDER = {"regressed": 0, "warning": 1, "missing": 2, "improved": 3, "new": 4, "unchanged": 5}
-_STYLE = {"regressed": "bold red", "warning": "yellow", "missing": "yellow", "improved": "green",
-          "new": "cyan", "unchanged": "dim"}
 
 
 def _timing_cell(row: ComparisonRow, path: str) -> str:
@@ -262,13 +279,14 @@ def _timing_cell(row: ComparisonRow, path: str) -> str:
     return f"{delta.baseline_ms:.3f} → {delta.current_ms:.3f}{change}"
 
 
-def _sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
+def sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
     return sorted(comparison.rows, key=lambda row: (_ORDER[row.status], row.label))
 
 
 def verdict_line(comparison: Comparison) -> str:
     counts = comparison.counts()
-    head = "REGRESSED" if comparison.regressed else "OK"
+    head = ("REGRESSED" if comparison.regressed
+            else "FAILED (no case in common: nothing compared)" if comparison.failed else "OK")
     gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
             if comparison.timing_gated else "timing not gated")
     return f"{head}: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + f"; {gate}"
@@ -284,21 +302,31 @@ def comparison_markdown(comparison: Comparison, *, baseline: str, current: str) 
         lines.append("")
     rows = [(row.label, f"**{row.status}**" if row.status == "regressed" else row.status,
              _timing_cell(row, "reference"), _timing_cell(row, "replay"), "; ".join(row.reasons))
-            for row in _sorted_rows(comparison)]
+            for row in sorted_rows(comparison)]
     lines += [md_table(["case", "status", "reference ms", "replay ms", "reasons"], rows), ""]
     return "\n".join(lines)
 
 
-def comparison_table(comparison: Comparison) -> Table:
-    table = Table(title="swa-bench compare", title_justify="left")
-    for column in ("case", "status", "reference ms", "replay ms"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("reasons", overflow="fold")
-    for row in _sorted_rows(comparison):
-        table.add_row(escape(row.label), f"[{_STYLE[row.status]}]{row.status}[/]",
-                      _timing_cell(row, "reference"), _timing_cell(row, "replay"),
-                      escape("; ".join(row.reasons)))
-    return table
+def comparison_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
+    """``compare --json``: the verdict, tallies, warnings and every row with its timings."""
+    def finite(x: float | None) -> float | str | None:
+        return x if x is None or math.isfinite(x) else str(x)
+
+    return {
+        "verdict": ("regressed" if comparison.regressed else
+                    "nothing compared" if comparison.failed else "ok"),
+        "baseline": baseline, "current": current, "counts": comparison.counts(),
+        "matched": comparison.matched, "timing_gated": comparison.timing_gated,
+        "max_slowdown": comparison.max_slowdown, "alpha": comparison.alpha,
+        "warnings": list(comparison.warnings),
+        "rows": [{"label": row.label, "key": json.loads(row.key.split("#")[0]),
+                  "status": row.status, "reasons": list(row.reasons),
+                  "timings": [{"path": t.path, "baseline_ms": finite(t.baseline_ms),
+                               "current_ms": finite(t.current_ms), "change": finite(t.change),
+                               "p_slower": t.p_slower, "p_faster": t.p_faster,
+                               "verdict": t.verdict} for t in row.timings]}
+                 for row in sorted_rows(comparison)],
+    }
 
 
 def _fail(message: str) -> int:
@@ -306,10 +334,29 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _check_out(out: Path, protected: set[Path], explicit: bool) -> str | None:
+    """Why compare.md cannot be written to ``out`` (checked before comparing), or None."""
+    hint = "" if explicit else " (pass --out FILE elsewhere)"
+    if out.is_dir():
+        return f"{out}: --out: is a directory, expected a file path"
+    if not out.parent.is_dir():
+        return f"{out}: --out: directory {out.parent} does not exist"
+    if out.resolve() in protected:
+        return f"{out}: --out: refusing to overwrite a results file"
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists()
+                                                         and not os.access(out, os.W_OK)):
+        return f"{out}: --out: cannot write: the folder is read-only{hint}"
+    return None
+
+
 def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05,
                     out: Path | None = None, gate_timing: bool = True,
-                    console: Console | None = None) -> int:
-    """Exit code: 0 no regression, 1 a regression, 2 bad input (one line on stderr)."""
+                    console: Console | None = None, as_json: bool = False) -> int:
+    """Exit code: 0 no regression, 1 a regression or nothing compared, 2 bad input (one line
+    on stderr). ``as_json`` prints the comparison as JSON on stdout instead of the table."""
+    from swa_bench.report import append_step_summary_text
+    from swa_bench.report.console import print_comparison
+
     console = console or Console()
     if not math.isfinite(max_slowdown) or max_slowdown < 0:
         return _fail(f"--max-slowdown: must be a finite number >= 0, got {max_slowdown}")
@@ -319,26 +366,25 @@ def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05
     except ResultsError as exc:
         return _fail(str(exc))
     current_json = results_path(current)
+    explicit = out is not None
     out = Path(out) if out is not None else current_json.parent / "compare.md"
-    if out.is_dir():
-        return _fail(f"{out}: --out: is a directory, expected a file path")
-    if not out.parent.is_dir():
-        return _fail(f"{out}: --out: directory {out.parent} does not exist")
     protected = {results_path(baseline).resolve(), current_json.resolve()}
-    if out.resolve() in protected:
-        return _fail(f"{out}: --out: refusing to overwrite a results file")
+    problem = _check_out(out, protected, explicit)
+    if problem is not None:
+        return _fail(problem)
 
     comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
                               gate_timing=gate_timing)
-    for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    console.print(comparison_table(comparison))
-    style = "bold red" if comparison.regressed else "bold green"
-    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False)
+    markdown = comparison_markdown(comparison, baseline=str(baseline), current=str(current))
     try:
-        write_text_atomic(out, comparison_markdown(comparison, baseline=str(baseline),
-                                                   current=str(current)))
+        write_text_atomic(out, markdown)
     except OSError as exc:
         return _fail(f"{out}: --out: cannot write: {exc.strerror or exc}")
-    console.print(f"wrote {escape(str(out))}", highlight=False)
-    return 1 if comparison.regressed else 0
+    if as_json:
+        print(json.dumps(comparison_json(comparison, baseline=str(baseline),
+                                         current=str(current)), indent=2))
+    else:
+        print_comparison(console, comparison)
+        console.print(f"wrote {escape(str(out))}", highlight=False)
+    append_step_summary_text(markdown)
+    return 1 if comparison.failed else 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -24,6 +24,7 @@ RESULTS_CSV = "results.csv"
 
 CaseStatus = Literal["ok", "failed", "error"]
 Verdict = Literal["pass", "fail", "error"]
+RunVerdict = Literal["pass", "fail", "error", "unverified"]
 
 
 class ResultsError(ValueError):
@@ -129,12 +130,13 @@ class CaseResult(_Strict):
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""
         if self.status == "error":
             return "error"
-        if self.status == "failed" or any(not c.passed for c in self.checks):
+        if self.status == "failed" or self.failed_checks():
             return "fail"
         return "pass"
 
     def failed_checks(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.passed]
+        """Judged checks that failed (an info result is never a failure, nor a pass)."""
+        return [c for c in self.checks if not c.passed and c.mode != "info"]
 
 
 class ThresholdAdvice(_Strict):
@@ -156,27 +158,41 @@ class RunResults(_Strict):
     cases: list[CaseResult] = []
     threshold_advice: list[ThresholdAdvice] = []
 
-    def verdict(self) -> Verdict:
-        """error if any case raised (or nothing was run: an empty run verifies nothing), else fail
-        if any check failed, else pass."""
-        outcomes = {case.outcome() for case in self.cases}
-        if not self.cases or "error" in outcomes:
-            return "error"
-        return "fail" if "fail" in outcomes else "pass"
+    def verdict(self) -> RunVerdict:
+        return overall_verdict(self.cases)
 
     def counts(self) -> dict[str, int]:
-        """Case outcomes and check tallies, for verdict lines."""
-        outcomes = [case.outcome() for case in self.cases]
-        checks = [check for case in self.cases for check in case.checks]
-        return {
-            "cases": len(self.cases),
-            "passed": outcomes.count("pass"),
-            "failed": outcomes.count("fail"),
-            "errors": outcomes.count("error"),
-            "checks": len(checks),
-            "checks_passed": sum(c.passed for c in checks),
-            "checks_failed": sum(not c.passed for c in checks),
-        }
+        return tally(self.cases)
+
+
+def tally(cases: Sequence[CaseResult]) -> dict[str, int]:
+    """Case outcomes and check tallies, for verdict lines; info results are neither passes nor
+    failures (``checks_passed + checks_failed + checks_info == checks``)."""
+    outcomes = [case.outcome() for case in cases]
+    checks = [check for case in cases for check in case.checks]
+    return {
+        "cases": len(cases),
+        "passed": outcomes.count("pass"),
+        "failed": outcomes.count("fail"),
+        "errors": outcomes.count("error"),
+        "checks": len(checks),
+        "checks_passed": sum(c.passed and c.mode != "info" for c in checks),
+        "checks_failed": sum(not c.passed and c.mode != "info" for c in checks),
+        "checks_info": sum(c.mode == "info" for c in checks),
+    }
+
+
+def overall_verdict(cases: Sequence[CaseResult]) -> RunVerdict:
+    """error if any case raised (or nothing was run: an empty run verifies nothing), else fail
+    if any check failed, else unverified when no pass/fail check ran (info results measure, they
+    do not verify: "0 of 0 passed" is not a pass), else pass."""
+    outcomes = {case.outcome() for case in cases}
+    if not cases or "error" in outcomes:
+        return "error"
+    if "fail" in outcomes:
+        return "fail"
+    counts = tally(cases)
+    return "pass" if counts["checks"] > counts["checks_info"] else "unverified"
 
 
 def results_json_schema() -> dict[str, Any]:
@@ -230,8 +246,9 @@ def results_frame(results: RunResults) -> pd.DataFrame:
             "tokens": case.tokens,
             "num_requests": case.num_requests,
             "batch": case.batch,
-            "checks_passed": sum(c.passed for c in case.checks),
-            "checks_failed": sum(not c.passed for c in case.checks),
+            "checks_passed": sum(c.passed and c.mode != "info" for c in case.checks),
+            "checks_failed": sum(not c.passed and c.mode != "info" for c in case.checks),
+            "checks_info": sum(c.mode == "info" for c in case.checks),
             "failed_checks": " ".join(c.id for c in case.failed_checks()),
         }
         for path_name, stats in (("reference", timing.reference), ("replay", timing.replay)):
@@ -291,6 +308,8 @@ def load_results(path_or_run_dir: str | Path) -> RunResults:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsError(path, None, f"invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    except RecursionError:
+        raise ResultsError(path, None, "invalid results: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ResultsError(path, None, f"top level must be an object, not {type(data).__name__}")
     version = data.get("schema_version", SCHEMA_VERSION)
@@ -299,6 +318,8 @@ def load_results(path_or_run_dir: str | Path) -> RunResults:
                            f"(this swa-bench reads {SCHEMA_VERSION})")
     try:
         return RunResults.model_validate(data)
+    except RecursionError:
+        raise ResultsError(path, None, "invalid results: JSON nested too deeply") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or None

@@ -108,7 +108,11 @@ def test_shipped_scenarios_are_what_their_names_promise():
             "v41-flash-shape"} <= set(by_name)
     smoke = expand_cases(by_name["smoke"])
     assert {(c.scenario.graph_mode, c.scenario.policy) for c in smoke} == {
-        (g, p) for g in ("eager", "piecewise", "full") for p in ("bounded", "halo")}
+        (g, p) for g in ("eager", "piecewise") for p in ("bounded", "halo")} | {("full", "bounded")}
+    for mode in ("eager", "piecewise"):  # the charts draw a line per mode and policy
+        for policy in ("bounded", "halo"):
+            assert len({c.num_tokens() for c in smoke if (c.scenario.graph_mode,
+                                                          c.scenario.policy) == (mode, policy)}) > 1
     args = smoke[0].model_args()
     window = args.window
     lengths = {r.query_len for r in smoke[0].requests() if not r.decode}
@@ -137,7 +141,7 @@ def test_validate_reports_every_file_then_exits_2():
 def test_run_without_scenario_dry_runs_the_smoke_scenario():
     result = runner.invoke(app, ["run", "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "smoke" in result.stdout and "6 cases" in result.stdout
+    assert "smoke" in result.stdout and "9 cases" in result.stdout
 
 
 @dataclass
@@ -181,7 +185,7 @@ def test_run_and_check_refuse_bad_input_before_running(fake_runner, tmp_path):
     assert runner.invoke(app, ["run", bad, str(SHIPPED[0])]).exit_code == 2
     assert runner.invoke(app, ["check", bad]).exit_code == 2
     missing = runner.invoke(app, ["run", str(SHIPPED[0]), "--baseline", str(tmp_path / "x")])
-    assert missing.exit_code == 2 and "no such baseline" in missing.stderr
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
     a_file = tmp_path / "f"
     a_file.write_text("keep me")
     clobber = runner.invoke(app, ["run", str(SHIPPED[0]), "--out", str(a_file)])
@@ -235,7 +239,8 @@ def test_help_gives_a_tour_and_documents_every_option():
     for command, flags in options.items():
         text = runner.invoke(app, [command, "--help"], terminal_width=200).stdout
         for flag in flags:
-            (line,) = [ln for ln in text.splitlines() if f"{flag} " in ln]
+            (line,) = [ln for ln in text.splitlines()
+                       if ln.strip(" │").startswith(f"{flag} ") and "<" in ln]
             described = line.split(flag, 1)[1].strip(" │").split()
             assert len(described) > 2, f"{command} {flag} has no help text: {line!r}"
 
@@ -263,3 +268,89 @@ def test_cuda_scenario_without_gpu_is_bad_input(tmp_path):
         "scenarios/v41-flash-shape-16k.yaml: device: cuda requested but no GPU is visible"
     )
     assert not out.exists(), "nothing is written for bad input"
+
+
+# --- a CLI that fits the ecosystem -----------------------------------------------------------
+
+
+def test_version_list_and_bare_help():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"swa-bench {version('swa-bench')}"
+    listed = runner.invoke(app, ["list"], terminal_width=200)
+    assert listed.exit_code == 0
+    for path in SHIPPED:
+        assert path.stem in listed.stdout
+    assert "tiny" in listed.stdout and "v41-flash-shape" in listed.stdout
+    bare = swa_bench()
+    assert bare.returncode == 0
+    assert bare.stdout.count("Usage:") == 1, "the help is printed once"
+
+
+def test_every_command_lists_its_exit_codes():
+    for command in ("validate", "run", "check", "report", "compare", "export", "list"):
+        text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).stdout.split())
+        assert "Exit codes: 0" in text, command
+    run_help = runner.invoke(app, ["run", "--help"], terminal_width=200).stdout
+    assert "reports/NAME-UTCTIME" in run_help and "reports/-" not in run_help
+
+
+def test_shipped_scenarios_resolve_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no scenarios/ folder here: the package's copies are used
+    result = runner.invoke(app, ["validate", "smoke", "threshold-sweep"])
+    assert result.exit_code == 0, result.output
+    assert "smoke.yaml" in result.stdout and "threshold-sweep.yaml" in result.stdout
+    dry = runner.invoke(app, ["run", "--dry-run", "smoke"])
+    assert dry.exit_code == 0 and "9 cases" in dry.stdout
+    unknown = runner.invoke(app, ["validate", "no-such-scenario"])
+    assert unknown.exit_code == 2 and "no-such-scenario: no such file" in unknown.stderr
+
+
+def test_scenarios_ship_inside_the_package():
+    import swa_bench
+
+    packaged = Path(swa_bench.__file__).parent / "scenarios"
+    assert sorted(p.name for p in packaged.glob("*.yaml")) == [p.name for p in SHIPPED]
+
+
+TINY_CHECK = """\
+name: tiny-check
+device: cpu
+workload: {requests: [{prompt_len: 12}, {prompt_len: 9, decode: true}]}
+checks: {e2: {enabled: false}, e3: {enabled: false}, e4: {enabled: false},
+         e5: {enabled: false}, approximation: {enabled: true}}
+timing: {enabled: false}
+"""
+
+
+def test_check_json_on_stdout_with_progress_elsewhere(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CHECK)
+    proc = swa_bench("check", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    document = __import__("json").loads(proc.stdout)
+    (scenario,) = document["scenarios"]
+    assert document["verdict"] == "pass" and scenario["name"] == "tiny-check"
+    outcomes = [c["outcome"] for c in scenario["cases"][0]["checks"]]
+    assert outcomes == ["pass", "info"]
+    assert scenario["counts"]["checks_passed"] == 1 and scenario["counts"]["checks_info"] == 1
+    table = swa_bench("check", str(path))
+    assert table.returncode == 0
+    last = table.stdout.strip().splitlines()[-1]
+    assert last.startswith("PASS: 1 of 1 checks passed (1 info results")
+
+
+def test_run_appends_its_report_to_the_step_summary_and_exports(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CHECK.replace("timing: {enabled: false}",
+                                       "timing: {enabled: true, warmup: 0, iters: 3}"))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert summary.read_text().startswith("# swa-bench: tiny-check")
+    exported = runner.invoke(app, ["export", str(tmp_path / "run")])
+    entries = __import__("json").loads(exported.stdout)
+    assert [e["name"].rsplit("/", 1)[-1] for e in entries] == ["reference", "replay"]
+    assert runner.invoke(app, ["export", str(tmp_path / "nothing")]).exit_code == 2

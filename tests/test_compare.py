@@ -1,4 +1,7 @@
 import io
+import json
+import math
+import os
 import random
 from pathlib import Path
 
@@ -219,3 +222,88 @@ def test_command_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsy
     if case == "clobber":
         assert (base_dir / "results.json").read_text() == baseline_text
         assert "refusing" in err
+
+
+# --- nothing compared, non-finite figures, machine-readable output ---------------------------
+
+
+def test_runs_with_no_case_in_common_fail_the_gate(tmp_path):
+    baseline = run()
+    current = run()
+    for case in current.cases:
+        case.params = {**case.params, "renamed": True}
+    comparison = compare_runs(baseline, current)
+    assert comparison.matched == 0 and comparison.failed and not comparison.regressed
+    base_dir, cur_dir = _dirs(tmp_path, baseline, current)
+    console, buffer = _console()
+    assert compare_command(base_dir, cur_dir, console=console) == 1
+    assert "nothing compared" in buffer.getvalue()
+
+
+def test_an_empty_current_run_fails_the_gate():
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    current.cases = []
+    assert compare_runs(baseline, current).failed
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_non_finite_median_regresses(value):
+    baseline = run()
+    current = baseline.model_copy(deep=True)
+    stats = current.cases[0].timing.replay
+    current.cases[0].timing.replay = stats.model_copy(update={"median_ms": value})
+    comparison = compare_runs(baseline, current, gate_timing=False)
+    row = next(r for r in comparison.rows if r.label == current.cases[0].label)
+    assert row.status == "regressed" and "not a finite number" in row.reasons[0]
+    assert comparison.failed
+
+
+def test_json_output_and_step_summary(tmp_path, capsys, monkeypatch):
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    base_dir, cur_dir = _dirs(tmp_path, run(), run(seed=1))
+    console, buffer = _console()
+    assert compare_command(base_dir, cur_dir, console=console, as_json=True) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["verdict"] == "ok" and document["matched"] == len(run().cases)
+    assert {row["status"] for row in document["rows"]} <= {"unchanged", "improved", "warning"}
+    assert buffer.getvalue() == ""  # the table is not printed over the JSON
+    text = summary.read_text()
+    assert text.startswith("earlier step\n") and "# swa-bench compare" in text
+
+
+def test_a_read_only_run_folder_is_one_line_before_comparing(tmp_path, capsys, monkeypatch):
+    """Root writes anywhere, so the pre-check is exercised through os.access."""
+    base_dir, cur_dir = _dirs(tmp_path, run(), run(seed=1))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != cur_dir and real_access(p, mode))
+    console, buffer = _console()
+    assert compare_command(base_dir, cur_dir, console=console) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "read-only" in err and "--out" in err
+    assert buffer.getvalue() == "" and not (cur_dir / "compare.md").exists()
+
+
+def test_a_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import swa_bench.compare as compare_module
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compare_module, "write_text_atomic", full)
+    base_dir, cur_dir = _dirs(tmp_path, run(), run(seed=1))
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, console=console) == 2
+    assert "No space left on device" in capsys.readouterr().err
+
+
+def test_deeply_nested_json_is_bad_input(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"cases": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    console, _ = _console()
+    assert compare_command(deep, deep, console=console) == 2
+    assert "nested too deeply" in capsys.readouterr().err

@@ -59,9 +59,11 @@ def _gpu_name() -> str | None:
 def capture_environment(threads: int | None = None) -> dict[str, Any]:
     """torch, CUDA, GPU, driver, Python, host and the swa_bench checkout's git sha and dirtiness.
 
-    ``threads`` is the CPU thread count the measurement runs with; torch's current count when None.
+    ``threads`` is the CPU thread count the measurement runs with; ``default_threads()`` (what
+    the timing loop takes) when None.
     """
     import swa_bench
+    from swa_bench.bench.timing import cpu_clock_name, default_threads
 
     git_sha, git_dirty = git_state(Path(swa_bench.__file__).resolve().parent)
     return {
@@ -73,7 +75,9 @@ def capture_environment(threads: int | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
-        "threads": threads if threads is not None else torch.get_num_threads(),
+        "threads": threads if threads is not None else default_threads(),
+        "cpu_timer": cpu_clock_name(threads if threads is not None else default_threads()),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "git_sha": git_sha,
         "git_dirty": git_dirty,
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swa_bench.bench.flops import count_flops, measure_peak_memory
-from swa_bench.bench.timing import RegionTimer, time_fn
+from swa_bench.bench.timing import RegionTimer, time_fn, time_interleaved
 from swa_bench.engine.dispatch import StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
@@ -65,32 +65,37 @@ def measure_paths(
     flop_cache: FlopCache,
 ) -> PathMeasurement:
     """Times both engines' step on ``inputs`` (the replay step's breakdown recorded in the same
-    iterations), their peak memory (on a GPU over the timed loop itself) and their FLOPs."""
+    iterations), their peak memory and their FLOPs. On a GPU each path is timed in its own loop
+    and its peak memory measured over that loop; on a CPU, where other jobs share the cores, the
+    two paths alternate (``time_interleaved``) and peak memory is one more call of each."""
     device = reference.device
     for engine in (reference, replay):
         inputs.fill_context(engine)
         engine.capture()
-    timings, peaks, plans, breakdown = {}, {}, {}, {}
-    for name, engine in (("reference", reference), ("replay", replay)):
-        timer = RegionTimer(device) if name == "replay" and settings.breakdown else None
+    engines = {"reference": reference, "replay": replay}
+    timer = RegionTimer(device) if settings.breakdown else None
+    steps = {
+        name: (lambda e=engine, t=(timer if name == "replay" else None):
+               e.step(inputs.requests, inputs.step_tokens, timer=t))
+        for name, engine in engines.items()
+    }
+    if device.type == "cuda":
+        timings, peaks = {}, {}
+        for name, step in steps.items():  # peak memory over the timed loop itself
 
-        def step(engine=engine, timer=timer):
-            return engine.step(inputs.requests, inputs.step_tokens, timer=timer)
+            def timed(step=step, name=name):
+                timings[name] = time_fn(
+                    step, device=device, warmup=settings.warmup, iters=settings.iters,
+                    l2_flush=settings.l2_flush, threads=settings.threads,
+                )
 
-        def timed(step=step, name=name):
-            timings[name] = time_fn(
-                step, device=device, warmup=settings.warmup, iters=settings.iters,
-                l2_flush=settings.l2_flush, threads=settings.threads,
-            )
-
-        if device.type == "cuda":
             peaks[name] = measure_peak_memory(timed, device)
-        else:
-            timed()
-            peaks[name] = measure_peak_memory(step, device)
-        plans[name] = engine.plan(inputs.requests)
-        if timer is not None:
-            breakdown = timer.summary()
+    else:
+        timings = time_interleaved(steps, warmup=settings.warmup, iters=settings.iters,
+                                   threads=settings.threads)
+        peaks = {name: measure_peak_memory(step, device) for name, step in steps.items()}
+    plans = {name: engine.plan(inputs.requests) for name, engine in engines.items()}
+    breakdown = timer.summary() if timer is not None else {}
     flops = {name: flop_cache.count(engine, inputs, plans[name])
              for name, engine in (("reference", reference), ("replay", replay))}
     return PathMeasurement(

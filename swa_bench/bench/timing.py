@@ -2,14 +2,19 @@
 
 GPU work is timed with CUDA events on the current stream and the host synchronizes once, after the
 last iteration, so the timed loop never stalls the launch queue. CPU work is timed with
-``time.perf_counter`` under a fixed thread count, restored afterwards.
+``time.perf_counter`` under a fixed thread count, restored afterwards: by default one thread (or
+OMP_NUM_THREADS), because intra-op threads spin-wait for each other and a second job on a small
+machine then turns a 10 ms step into 50-2500 ms. On one thread a sample is the thread's CPU time
+(``time.thread_time``): all of the step's work runs on the calling thread, and time the thread
+spends descheduled by other jobs is not the step's latency; with more threads, wall-clock time.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 
@@ -49,12 +54,28 @@ def summarize(samples_ms: Sequence[float], noise_threshold: float = NOISE_THRESH
     )
 
 
+def cpu_clock() -> Callable[[], float]:
+    """The clock of CPU samples under the current torch thread count (see the module doc)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def cpu_clock_name(threads: int) -> str:
+    return "thread CPU time" if threads == 1 else "wall clock"
+
+
+def default_threads(environ: dict[str, str] | None = None) -> int:
+    """CPU threads when a scenario sets none: OMP_NUM_THREADS when it is a positive integer,
+    else 1."""
+    value = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 @contextmanager
 def num_threads(threads: int | None) -> Iterator[None]:
-    """Run the body under ``torch.set_num_threads(threads)``; the previous count is restored."""
+    """Run the body under ``torch.set_num_threads(threads)`` (None: ``default_threads()``); the
+    previous count is restored."""
     if threads is None:
-        yield
-        return
+        threads = default_threads()
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     previous = torch.get_num_threads()
@@ -129,14 +150,46 @@ def _time_cuda(
     return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
 
 
+def time_interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    warmup: int,
+    iters: int,
+    threads: int | None = None,
+) -> dict[str, TimingStats]:
+    """CPU timing of several paths in alternation (A B, then B A, ...), one sample per call.
+
+    On a shared CPU a burst of outside load then hits every path alike instead of whichever
+    path was being timed at the moment, so the ratio of their medians stays steady.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with num_threads(threads):
+        for _ in range(warmup):
+            for name in names:
+                fns[name]()
+        clock = cpu_clock()
+        for i in range(iters):
+            for name in names if i % 2 == 0 else reversed(names):
+                start = clock()
+                fns[name]()
+                samples[name].append((clock() - start) * 1e3)
+    return {name: summarize(values) for name, values in samples.items()}
+
+
 def _time_cpu(fn: Callable[[], object], iters: int, flush: torch.Tensor | None) -> list[float]:
+    clock = cpu_clock()
     samples = []
     for _ in range(iters):
         if flush is not None:
             flush.zero_()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
+        samples.append((clock() - start) * 1e3)
     return samples
 
 
@@ -145,7 +198,7 @@ class RegionTimer:
     scatter).
 
     On CUDA it records events on the current stream and never synchronizes inside a region;
-    `summary()` synchronizes once and returns {region: median ms}. On CPU, perf_counter.
+    `summary()` synchronizes once and returns {region: median ms}. On CPU, ``cpu_clock()``.
     """
 
     def __init__(self, device: torch.device):
@@ -166,9 +219,10 @@ class RegionTimer:
             end.record(stream)
             self._pending.append((name, start, end))
         else:
-            start_s = time.perf_counter()
+            clock = cpu_clock()
+            start_s = clock()
             yield
-            self._samples.setdefault(name, []).append((time.perf_counter() - start_s) * 1e3)
+            self._samples.setdefault(name, []).append((clock() - start_s) * 1e3)
 
     def _resolve(self) -> None:
         if not self._pending:
@@ -186,8 +240,3 @@ class RegionTimer:
     def summary(self) -> dict[str, float]:
         """Median over all recorded occurrences per region (ms)."""
         return {name: summarize(values).median_ms for name, values in self.samples().items()}
-
-
-def region(timer: RegionTimer | None, name: str) -> AbstractContextManager[None]:
-    """``timer.region(name)``, or a no-op when timing is off, so call sites need no branch."""
-    return nullcontext() if timer is None else timer.region(name)

@@ -8,31 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
+from swa_bench.checks.tolerance import DEFAULT_TOLERANCES, Tolerance
 from swa_bench.results import CheckResult, Diagnostic
 
-# torch.testing.assert_close's per-dtype (rtol, atol) defaults, by dtype name (SPEC section 3).
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1.3e-6, 1e-5),
-    "bfloat16": (1.6e-2, 1e-5),
-    "float16": (1e-3, 1e-5),
-}
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    atol: float
-
-    @classmethod
-    def for_dtype(cls, dtype: torch.dtype, rtol: float | None = None, atol: float | None = None):
-        name = str(dtype).removeprefix("torch.")
-        default_rtol, default_atol = DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float32"])
-        return cls(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
-
+__all__ = ["DEFAULT_TOLERANCES", "Tolerance", "check_result", "compare"]
 
 def _int_view(t: torch.Tensor) -> torch.Tensor:
     t = t.contiguous()

@@ -47,10 +47,11 @@ def render_junit(results: RunResults) -> str:
     suite_name = f"swa_bench.{results.scenario_name}"
     root = ET.Element("testsuites", {"name": "swa_bench", "tests": str(tests),
                                      "failures": str(counts["checks_failed"]),
-                                     "errors": str(errors)})
+                                     "errors": str(errors), "skipped": str(counts["checks_info"])})
     suite = ET.SubElement(root, "testsuite", {
         "name": xml_text(suite_name), "tests": str(tests),
-        "failures": str(counts["checks_failed"]), "errors": str(errors), "skipped": "0",
+        "failures": str(counts["checks_failed"]), "errors": str(errors),
+        "skipped": str(counts["checks_info"]),
         "timestamp": xml_text(results.started_at),
         "hostname": xml_text(results.environment.get("hostname") or "unknown"),
     })
@@ -62,7 +63,12 @@ def render_junit(results: RunResults) -> str:
         classname = f"{suite_name}.{case.label}"
         for check in case.checks:
             testcase = _testcase(suite, classname, f"{check.id} {check.name}", _seconds(case))
-            if not check.passed:
+            if check.mode == "info":  # measured, not judged: neither a pass nor a failure
+                skipped = ET.SubElement(testcase, "skipped", {
+                    "message": xml_text(tables.one_line("info (no bound set): "
+                                                        + tables.describe_check(check)))})
+                skipped.text = xml_text(_failure_text(check))
+            elif not check.passed:
                 worst = check.worst_diagnostic()
                 message = "; ".join(
                     part for part in (check.message,

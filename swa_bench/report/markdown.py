@@ -12,7 +12,7 @@ from tabulate import tabulate
 from swa_bench.report import tables
 from swa_bench.results import RunResults
 
-_MARKS = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**"}
+_MARKS = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "info": "info"}
 
 
 def md_cell(value: object) -> str:
@@ -29,7 +29,7 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 def render_markdown(results: RunResults) -> str:
     verdict = results.verdict()
-    icon = {"pass": "✅", "fail": "❌", "error": "⚠️"}[verdict]
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "unverified": "⚠️"}[verdict]
     out = [f"# swa-bench: {md_cell(results.scenario_name)}", "",
            f"{icon} **{md_cell(tables.verdict_line(results))}**", ""]
 
@@ -54,7 +54,8 @@ def render_markdown(results: RunResults) -> str:
                          [(r.case, r.tokens, r.graph_mode, r.policy, r.trim_threshold,
                            r.reference_ms, r.replay_ms, r.speedup, r.ideal, r.efficiency,
                            r.checks) for r in latency]),
-                "", "Times are medians; ideal = FLOPs(reference) / FLOPs(replay); "
+                "", "Times are medians; ideal = FLOPs(reference) / FLOPs(replay); checks: "
+                "passed/judged, +Ni info results (measured, not judged); "
                 "efficiency = speedup / ideal.", ""]
 
     advice = tables.advice_rows(results)

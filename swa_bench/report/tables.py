@@ -67,7 +67,7 @@ class CheckRow:
     case: str
     check: str
     mode: str
-    outcome: str  # "pass" | "fail" | "error"
+    outcome: str  # "pass" | "fail" | "error" | "info"
     detail: str
 
 
@@ -102,7 +102,7 @@ def check_rows(results: RunResults) -> list[CheckRow]:
     for case in results.cases:
         for check in case.checks:
             rows.append(CheckRow(case=case.label, check=f"{check.id} {check.name}", mode=check.mode,
-                                 outcome="pass" if check.passed else "fail",
+                                 outcome=check_outcome(check),
                                  detail=one_line(describe_check(check))))
         if case.status == "error":
             rows.append(CheckRow(case=case.label, check="(case raised)", mode=MISSING,
@@ -110,16 +110,24 @@ def check_rows(results: RunResults) -> list[CheckRow]:
     return rows
 
 
+def check_outcome(check: CheckResult) -> str:
+    """pass / fail, or info for a figure that is measured but not judged."""
+    if check.mode == "info":
+        return "info"
+    return "pass" if check.passed else "fail"
+
+
 def failure_rows(results: RunResults) -> list[CheckRow]:
-    return [row for row in check_rows(results) if row.outcome != "pass"]
+    return [row for row in check_rows(results) if row.outcome in ("fail", "error")]
 
 
-def _checks_cell(case: CaseResult) -> str:
+def checks_cell(case: CaseResult) -> str:
     if case.status == "error":
         return "error"
     failed = case.failed_checks()
-    passed = len(case.checks) - len(failed)
-    cell = f"{passed}/{len(case.checks)}"
+    info = sum(c.mode == "info" for c in case.checks)
+    judged = len(case.checks) - info
+    cell = f"{judged - len(failed)}/{judged}" + (f" +{info}i" if info else "")
     return f"{cell} (failed: {' '.join(c.id for c in failed)})" if failed else cell
 
 
@@ -135,7 +143,7 @@ def latency_rows(results: RunResults) -> list[LatencyRow]:
             reference_ms=fmt_ms(timing.reference if timing else None),
             replay_ms=fmt_ms(timing.replay if timing else None),
             speedup=fmt_ratio(case.speedup), ideal=fmt_ratio(case.ideal_speedup),
-            efficiency=fmt_share(case.efficiency), checks=_checks_cell(case),
+            efficiency=fmt_share(case.efficiency), checks=checks_cell(case),
             outcome=case.outcome()))
     return rows
 
@@ -177,9 +185,18 @@ def environment_rows(results: RunResults) -> list[tuple[str, str]]:
     return rows
 
 
+def checks_summary(counts: dict[str, int]) -> str:
+    judged = counts["checks"] - counts["checks_info"]
+    text = f"{counts['checks_passed']} of {judged} checks passed"
+    if counts["checks_info"]:
+        text += f" ({counts['checks_info']} info results, measured but not judged)"
+    return text
+
+
 def verdict_line(results: RunResults) -> str:
     counts = results.counts()
-    verdict = results.verdict().upper()
-    return (f"{verdict}: {counts['passed']} of {counts['cases']} cases passed "
-            f"({counts['failed']} failed, {counts['errors']} raised); "
-            f"{counts['checks_passed']} of {counts['checks']} checks passed")
+    verdict = results.verdict()
+    head = ("UNVERIFIED (no pass/fail check ran)" if verdict == "unverified"
+            else verdict.upper())
+    return (f"{head}: {counts['passed']} of {counts['cases']} cases passed "
+            f"({counts['failed']} failed, {counts['errors']} raised); {checks_summary(counts)}")

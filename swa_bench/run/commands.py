@@ -1,8 +1,9 @@
 """``swa-bench run`` and ``swa-bench check``: load and expand each scenario once, run every case
 (``cases.CaseRunner``), save as we go.
 
-results.json is rewritten atomically after every case, so an interrupted sweep keeps what finished
-and ``--resume`` runs only the rest.
+Every run folder is checked and locked before the first case (``folder.claim_for``). results.json
+is rewritten atomically after every case, so an interrupted sweep keeps what finished and
+``--resume`` runs only the rest.
 """
 
 from __future__ import annotations
@@ -15,60 +16,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from swa_bench.bench.advice import threshold_advice
 from swa_bench.bench.environment import capture_environment, scenario_hash
+from swa_bench.report.console import case_progress, print_checks, print_run_summary, report_checks
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
 from swa_bench.run.cases import CaseRunner
-from swa_bench.scenario import Case, Scenario, ScenarioError, expand_cases, load_scenario
-
-
-def latency_table(results: RunResults) -> Table:
-    table = Table(title=f"{results.scenario_name}: latency", title_justify="left")
-    for col in ("tokens", "mode", "policy", "threshold", "reference ms", "replay ms", "speedup",
-                "ideal", "efficiency", "checks"):
-        left = col in ("mode", "policy", "checks")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True)
-    for case in results.cases:
-        t = case.timing
-        ref = f"{t.reference.median_ms:.3f}" if t and t.reference else "-"
-        rep = f"{t.replay.median_ms:.3f}" if t and t.replay else "-"
-        if t and ((t.reference and t.reference.noisy) or (t.replay and t.replay.noisy)):
-            rep += " ~"
-        failed = case.failed_checks()
-        if case.status == "error":
-            verdict = f"[red]error: {(case.error or '').splitlines()[0][:60]}[/red]"
-        elif failed:
-            verdict = "[red]FAIL " + ",".join(c.id for c in failed) + "[/red]"
-        else:
-            verdict = f"[green]pass[/green] ({len(case.checks)})"
-        table.add_row(
-            str(case.tokens), case.graph_mode, case.policy, str(case.trim_threshold), ref, rep,
-            _fmt(case.speedup, "x"), _fmt(case.ideal_speedup, "x"), _fmt(case.efficiency, "", 0.01),
-            verdict,
-        )
-    return table
-
-
-def _fmt(value: float | None, suffix: str, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    return f"{value / scale:.0f}%" if scale != 1.0 else f"{value:.2f}{suffix}"
-
-
-def run_dir_for(scenario: Scenario, out: Path | None, resume: bool, several: bool) -> Path:
-    """``--out`` names the run folder (one per scenario under it when several); otherwise
-    reports/<name>-<UTC time>, or with --resume the newest such folder."""
-    if out is not None:
-        return out / scenario.name if several else out
-    root = Path("reports")
-    if resume:
-        previous = sorted(root.glob(f"{scenario.name}-*/results.json"))
-        if previous:
-            return previous[-1].parent
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return root / f"{scenario.name}-{stamp}"
+from swa_bench.run.folder import claim_for
+from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
 
 
 @dataclass(frozen=True)
@@ -80,35 +35,36 @@ class LoadedScenario:
     cases: list[Case]
 
 
-def load(path: Path) -> LoadedScenario:
-    scenario = load_scenario(path)
-    return LoadedScenario(path, scenario, expand_cases(scenario))
+def load(path: Path, max_cases: int | None = None) -> LoadedScenario:
+    return LoadedScenario(path, *load_cases(path, max_cases=max_cases))
 
 
-def _loaded(items: Sequence[Path | LoadedScenario]) -> list[LoadedScenario]:
-    return [i if isinstance(i, LoadedScenario) else load(Path(i)) for i in items]
+def _loaded(items: Sequence[Path | LoadedScenario], max_cases: int | None) -> list[LoadedScenario]:
+    return [i if isinstance(i, LoadedScenario) else load(Path(i), max_cases) for i in items]
 
 
 def run_scenarios(
     scenarios: Sequence[Path | LoadedScenario], *, out: Path | None = None, resume: bool = False,
     baseline: Path | None = None, console: Console | None = None, timing: bool = True,
-    select: str | None = None,
+    select: str | None = None, overwrite: bool = False, max_cases: int | None = None,
 ) -> int:
     """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's)."""
     console = console or Console()
-    loaded = _loaded(scenarios)
+    loaded = _loaded(scenarios, max_cases)
+    extra = ["-k", select] if select else []
     code = 0
-    for item in loaded:
-        run_dir = run_dir_for(item.scenario, out, resume, len(loaded) > 1)
-        results = run_one(item, run_dir, resume=resume, console=console, timing=timing,
-                          select=select)
-        if results.verdict() != "pass":
-            code = 1
-        if baseline is not None:
-            from swa_bench.compare import compare_command
-
-            if compare_command(baseline, run_dir, console=console) != 0:
+    with claim_for([i.path for i in loaded], [i.scenario for i in loaded], out=out,
+                   resume=resume, overwrite=overwrite, extra_args=extra) as run_dirs:
+        for item, run_dir in zip(loaded, run_dirs, strict=True):
+            results = run_one(item, run_dir, resume=resume, console=console, timing=timing,
+                              select=select)
+            if results.verdict() != "pass":
                 code = 1
+            if baseline is not None:
+                from swa_bench.compare import compare_command
+
+                if compare_command(baseline, run_dir, console=console) != 0:
+                    code = 1
     return code
 
 
@@ -116,7 +72,7 @@ def run_one(
     item: LoadedScenario, run_dir: Path, *, resume: bool, console: Console,
     timing: bool = True, select: str | None = None,
 ) -> RunResults:
-    from swa_bench.report import write_reports
+    from swa_bench.report import append_step_summary, write_reports
 
     path, scenario, cases = item.path, item.scenario, item.cases
     runner = CaseRunner(scenario)
@@ -158,45 +114,30 @@ def run_one(
     results.finished_at = _now()
     save_results(run_dir, results)
     write_reports(run_dir)
-    table = latency_table(results)
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    console.print(table)
-    for advice in results.threshold_advice:
-        value = advice.recommended_trim_threshold
-        console.print(f"recommended trim_threshold for {advice.graph_mode} / {advice.batch}: "
-                      f"{value if value is not None else 'none (replay never won)'}"
-                      f"  [dim]({advice.note})[/dim]")
-    counts = results.counts()
-    console.print(f"{results.verdict().upper()}: {counts['checks_passed']}/{counts['checks']} "
-                  f"checks passed, {counts['errors']} case error(s); results in {run_dir}")
+    append_step_summary(run_dir)
+    print_run_summary(console, results, run_dir)
     return results
 
 
 def check_scenarios(
-    scenarios: Sequence[Path | LoadedScenario], *, console: Console | None = None
+    scenarios: Sequence[Path | LoadedScenario], *, console: Console | None = None,
+    max_cases: int | None = None, as_json: bool = False,
 ) -> int:
-    """Runs only the checks and prints a pass/fail table with diagnostics."""
+    """Runs only the checks: a progress bar, then a pass/fail table and a summary line per
+    scenario (or, with ``as_json``, one JSON document on stdout). Exit 1 unless all pass."""
     console = console or Console()
-    code = 0
-    for item in _loaded(scenarios):
-        scenario = item.scenario
-        runner = CaseRunner(scenario)
-        table = Table(title=f"{scenario.name}: checks", title_justify="left")
-        for col in ("case", "check", "mode", "result", "diagnostics"):
-            table.add_column(col)
-        for case in item.cases:
-            result = runner.run_case(case, timing=False)
-            if result.status == "error":
-                code = 1
-                table.add_row(case.label(), "-", "-", "[red]error[/red]", result.error or "")
-            for check in result.checks:
-                if not check.passed:
-                    code = 1
-                verdict = "[green]pass[/green]" if check.passed else "[red]FAIL[/red]"
-                table.add_row(case.label(), check.id, check.mode, verdict, check.message)
-        console.print(table)
-    return code
+    checked = []
+    for item in _loaded(scenarios, max_cases):
+        runner = CaseRunner(item.scenario)
+        results = []
+        with case_progress(console, item.scenario.name, len(item.cases)) as starting:
+            for case in item.cases:
+                starting(case.label())
+                results.append(runner.run_case(case, timing=False))
+        if not as_json:
+            print_checks(console, item.scenario.name, results)
+        checked.append((item.scenario.name, str(item.path), results))
+    return report_checks(checked, as_json=as_json)
 
 
 def _now() -> str:

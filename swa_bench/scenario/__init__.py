@@ -1,19 +1,30 @@
 """Scenario files: the schema, loading with one-line errors, and sweep expansion into cases."""
 
 from swa_bench.scenario.errors import ScenarioError
-from swa_bench.scenario.loader import default_scenario_path, load_scenario, scenario_from_text
-from swa_bench.scenario.schema import DTYPE_TOLERANCES, Scenario, default_capture_sizes
-from swa_bench.scenario.sweep import Case, case_id, expand_cases
+from swa_bench.scenario.loader import (
+    default_scenario_path,
+    load_cases,
+    load_scenario,
+    resolve_scenario_path,
+    scenario_from_text,
+    shipped_scenarios,
+)
+from swa_bench.scenario.schema import MAX_CASES, Scenario, default_capture_sizes
+from swa_bench.scenario.sweep import Case, case_id, count_cases, expand_cases
 
 __all__ = [
-    "DTYPE_TOLERANCES",
+    "MAX_CASES",
     "Case",
     "Scenario",
     "ScenarioError",
     "case_id",
+    "count_cases",
     "default_capture_sizes",
     "default_scenario_path",
     "expand_cases",
+    "load_cases",
     "load_scenario",
+    "resolve_scenario_path",
     "scenario_from_text",
+    "shipped_scenarios",
 ]

@@ -51,8 +51,12 @@ def yaml_index(text: str) -> tuple[dict[StrLoc, int], tuple[tuple[StrLoc, int], 
     with their lines (``yaml.safe_load`` silently keeps the last one)."""
     lines: dict[StrLoc, int] = {}
     duplicates: list[tuple[StrLoc, int]] = []
+    seen: set[int] = set()
 
     def walk(node: yaml.Node, loc: StrLoc) -> None:
+        if id(node) in seen:  # an alias: its keys were indexed (and checked) at the anchor
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 child = (*loc, str(key.value))
@@ -68,7 +72,7 @@ def yaml_index(text: str) -> tuple[dict[StrLoc, int], tuple[tuple[StrLoc, int], 
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         root = None
     if root is not None:
         walk(root, ())

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from swa_bench.scenario.errors import ScenarioError, dotted, located, yaml_index
 from swa_bench.scenario.schema import Scenario, describe_error
-from swa_bench.scenario.sweep import expand_cases
+from swa_bench.scenario.sweep import Case, expand_cases
 
 
 class _SafeLoader(yaml.SafeLoader):
@@ -32,24 +32,98 @@ _SafeLoader.add_implicit_resolver(
 )
 
 
+MAX_FILE_BYTES = 1_000_000
+MAX_NODES = 100_000
+MAX_DEPTH = 50
+MAX_INT = 2**63 - 1
+
+
+def _yaml_error(err: yaml.YAMLError, file: str) -> ScenarioError:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    return ScenarioError(file, "", f"invalid YAML: {problem}",
+                         mark.line + 1 if mark is not None else None)
+
+
+def _check_shape(root: yaml.Node, file: str) -> None:
+    """Refuse documents whose aliases expand past MAX_NODES ("billion laughs"), that refer to
+    themselves, or that nest past MAX_DEPTH, before anything walks the expanded tree: every
+    later step (validation, sweep expansion, hashing a case) would follow the aliases."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        line = node.start_mark.line + 1
+        if key in open_nodes:
+            raise ScenarioError(file, "", "a YAML alias refers to a node that contains it", line)
+        if depth > MAX_DEPTH:
+            raise ScenarioError(file, "", f"nested deeper than {MAX_DEPTH} levels", line)
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        for child in children:
+            total += size(child, depth + 1)
+            if total > MAX_NODES:
+                raise ScenarioError(file, "", f"YAML aliases expand to more than {MAX_NODES} "
+                                              "values; write the values out", line)
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root, 0)
+
+
+def _check_ints(data: Any, file: str, text: str) -> None:
+    """Integers beyond 64 bits validate as Python ints but fail in torch at run time."""
+    stack: list[tuple[Any, tuple]] = [(data, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise located(file, text, loc, f"{value:.3g} is out of range (at most 2**63 - 1)")
+        if isinstance(value, dict):
+            stack += [(v, (*loc, str(k))) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, (*loc, i)) for i, v in enumerate(value)]
+
+
 def parse_yaml(text: str, file: str) -> Any:
-    """Safe-load ``text``; a syntax error names the parser's line."""
+    """Safe-load ``text``; a syntax error names the parser's line. Oversized, self-referring,
+    too deep or alias-bombed documents are refused before they are built."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ScenarioError(file, "", f"file is larger than {MAX_FILE_BYTES // 1000} kB; "
+                                      "a scenario is a few dozen lines")
     try:
+        root = yaml.compose(text, Loader=_SafeLoader)
+        if root is None:
+            return None
+        _check_shape(root, file)
         return yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or str(err)
-        raise ScenarioError(file, "", f"invalid YAML: {problem}",
-                            mark.line + 1 if mark is not None else None) from None
+        raise _yaml_error(err, file) from None
+    except RecursionError:
+        raise ScenarioError(file, "", f"nested deeper than {MAX_DEPTH} levels") from None
 
 
 def _read(path: Path, file: str) -> str:
-    if not path.exists():
-        raise ScenarioError(file, "", "no such file")
-    if path.is_dir():
-        raise ScenarioError(file, "", "is a directory, not a scenario file")
     try:
+        if path.is_dir():
+            raise ScenarioError(file, "", "is a directory, not a scenario file")
+        if path.exists() and path.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError(file, "", f"file is larger than {MAX_FILE_BYTES // 1000} kB; "
+                                          "a scenario is a few dozen lines")
         return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(file, "", "no such file") from None
     except UnicodeDecodeError as err:
         raise ScenarioError(file, "", f"cannot read: not UTF-8 text ({err.reason})") from None
     except OSError as err:
@@ -71,6 +145,7 @@ def scenario_from_text(text: str, file: str | Path | None = None) -> Scenario:
     if duplicates:
         loc, line = duplicates[0]
         raise ScenarioError(name, dotted(loc), "duplicate key", line)
+    _check_ints(data, name, text)
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
@@ -81,17 +156,44 @@ def scenario_from_text(text: str, file: str | Path | None = None) -> Scenario:
     return scenario
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Load and fully validate a scenario file, every sweep case included.
+def load_cases(path: str | Path, *, max_cases: int | None = None) -> tuple[Scenario, list[Case]]:
+    """Load and fully validate a scenario file, every sweep case included: the scenario and its
+    cases, expanded once.
 
-    Raises ScenarioError (one line, naming the file and the field) for anything wrong with it.
+    ``max_cases`` caps the sweep (default ``MAX_CASES``); the scenario keeps the cap, so later
+    ``expand_cases`` calls honour it. Raises ScenarioError (one line, naming the file and the
+    field) for anything wrong with it.
     """
     file = str(path)
     scenario = scenario_from_text(_read(Path(path), file), path)
-    expand_cases(scenario)
-    return scenario
+    if max_cases is not None:
+        scenario.max_cases = max_cases
+    return scenario, expand_cases(scenario)
+
+
+def load_scenario(path: str | Path, *, max_cases: int | None = None) -> Scenario:
+    """``load_cases`` without the cases (they were expanded to validate them)."""
+    return load_cases(path, max_cases=max_cases)[0]
+
+
+def shipped_scenarios() -> dict[str, Path]:
+    """The scenarios installed with the package, by file stem (``smoke``, ...)."""
+    folder = Path(__file__).resolve().parents[1] / "scenarios"
+    return {path.stem: path for path in sorted(folder.glob("*.yaml"))}
 
 
 def default_scenario_path() -> Path:
-    """``<repo>/scenarios/smoke.yaml``: what ``swa-bench run`` runs with no argument."""
-    return Path(__file__).resolve().parents[2] / "scenarios" / "smoke.yaml"
+    """The shipped smoke scenario: what ``swa-bench run`` runs with no argument."""
+    return shipped_scenarios()["smoke"]
+
+
+def resolve_scenario_path(arg: str | Path) -> Path:
+    """A path that exists is a file; otherwise a bare name (``smoke``) names a shipped scenario.
+    Anything else stays as given, so loading it reports "no such file"."""
+    path = Path(arg)
+    try:
+        if path.exists() or path.suffix or len(path.parts) != 1:
+            return path
+    except OSError:
+        return path
+    return shipped_scenarios().get(str(arg), path)

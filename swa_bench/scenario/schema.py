@@ -29,29 +29,28 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
+from swa_bench.engine.config import GraphMode
 from swa_bench.graphs.capture_sizes import default_capture_sizes
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
+from swa_bench.replay.row_selection import Policy
 from swa_bench.scenario.errors import Loc
 
 PositiveInt = Annotated[int, Ge(1)]
 NonNegativeInt = Annotated[int, Ge(0)]
 NonNegativeFloat = Annotated[float, Ge(0)]
 Fraction = Annotated[float, Ge(0), Le(1)]
-ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+# Names become folder names (reports/<name>-<UTC time>), which file systems cap at 255 bytes.
+ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                                max_length=100)]
+Seed = Annotated[int, Ge(0), Le(2**63 - 1)]  # torch.Generator.manual_seed's range
+MAX_CASES = 1000
 
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Policy = Literal["full", "bounded", "halo"]
-GraphMode = Literal["eager", "piecewise", "full"]
 CheckId = Literal["e1", "e2", "e3", "e4", "e5"]
 
-# torch.testing.assert_close's per-dtype defaults (SPEC section 3).
-DTYPE_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1.3e-6, 1e-5),
-    "bfloat16": (1.6e-2, 1e-5),
-    "float16": (1e-3, 1e-5),
-}
 
 Problem = tuple[Loc, str]
 
@@ -196,11 +195,14 @@ class Checks(_Strict):
 
 
 class Timing(_Strict):
+    """``threads``: CPU threads of the timed loop; null takes OMP_NUM_THREADS, else 1 (one thread
+    gives repeatable figures on a shared machine; more threads spin-wait against other jobs)."""
+
     enabled: bool = True
-    warmup: NonNegativeInt = 2
-    iters: PositiveInt = 10
+    warmup: Annotated[int, Ge(0), Le(100_000)] = 2
+    iters: Annotated[int, Ge(1), Le(1_000_000)] = 10
     l2_flush: bool = False
-    threads: PositiveInt = 2
+    threads: Annotated[int, Ge(1), Le(4096)] | None = None
     breakdown: bool = True
 
 
@@ -226,7 +228,7 @@ class Scenario(_Strict):
     description: str = ""
     device: Device = "auto"
     dtype: Dtype = "float32"
-    seed: NonNegativeInt = 0
+    seed: Seed = 0
     model: ModelSpec = Field(default_factory=ModelSpec)
     workload: Workload
     policy: Policy = "bounded"
@@ -235,13 +237,14 @@ class Scenario(_Strict):
     trim_threshold: PositiveInt | None = None
     eager_trim_threshold: NonNegativeInt = 0
     capture_sizes: list[PositiveInt] | None = None
-    max_capture_size: PositiveInt = 512
+    max_capture_size: Annotated[int, Ge(1), Le(1 << 20)] = 512
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
     timing: Timing = Field(default_factory=Timing)
 
     _source_path: Path | None = PrivateAttr(default=None)
     _source_text: str = PrivateAttr(default="")
+    _max_cases: int = PrivateAttr(default=MAX_CASES)
 
     @field_validator("capture_sizes")
     @classmethod
@@ -272,6 +275,15 @@ class Scenario(_Strict):
     def source_text(self, text: str) -> None:
         self._source_text = text
 
+    @property
+    def max_cases(self) -> int:
+        """The most cases the sweep may expand to (``--max-cases``)."""
+        return self._max_cases
+
+    @max_cases.setter
+    def max_cases(self, value: int) -> None:
+        self._max_cases = value
+
     def model_args(self) -> ModelArgs:
         return self.model.args()
 
@@ -298,7 +310,7 @@ class Scenario(_Strict):
         spec = getattr(self.checks, check)
         if isinstance(spec, BitwiseCheck):
             return 0.0, 0.0
-        rtol, atol = DTYPE_TOLERANCES[self.dtype]
+        rtol, atol = DEFAULT_TOLERANCES[self.dtype]
         return (spec.rtol if spec.rtol is not None else rtol,
                 spec.atol if spec.atol is not None else atol)
 
@@ -423,6 +435,8 @@ def describe_error(error: ErrorDetails) -> Problem:
         return loc, f"must be one of {ctx['expected']}, got {_show(value)}"
     if kind == "too_short":
         return loc, "must not be empty"
+    if kind == "string_too_long":
+        return loc, f"must be at most {ctx['max_length']} characters, got {len(value)}"
     if kind == "string_pattern_mismatch":
         return loc, f"must match {ctx['pattern']}, got {_show(value)}"
     if kind == "value_error":

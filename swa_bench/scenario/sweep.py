@@ -10,6 +10,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,13 +77,27 @@ def case_id(params: dict[str, Any]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
-def expand_cases(scenario: Scenario) -> list[Case]:
+def count_cases(scenario: Scenario) -> int:
+    """How many cases the sweep names, without expanding it."""
+    return math.prod(len(a.rows) for a in _axes(scenario))
+
+
+def expand_cases(scenario: Scenario, max_cases: int | None = None) -> list[Case]:
     """The cases of ``scenario``: the grid's product crossed with every zip group, in file order.
 
-    Raises ScenarioError naming the sweep entry (and value) at fault; the file is
+    The product is counted first and refused above ``max_cases`` (default: the scenario's own
+    cap). Raises ScenarioError naming the sweep entry (and value) at fault; the file is
     ``scenario.source_path``.
     """
     axes = _axes(scenario)
+    cap = scenario.max_cases if max_cases is None else max_cases
+    count = math.prod(len(a.rows) for a in axes)
+    if count > cap:
+        sizes = " x ".join(str(len(a.rows)) for a in axes)
+        raise ScenarioError(scenario.source_path, "sweep",
+                            f"expands to {sizes} = {count} cases, above the cap of {cap}; "
+                            "shrink the sweep or raise the cap with --max-cases",
+                            line_of(scenario.source_text, ("sweep",)))
     base = scenario.model_dump(mode="python", exclude={"sweep"})
     cases = []
     for index, picks in enumerate(itertools.product(*(range(len(a.rows)) for a in axes))):
@@ -162,12 +177,14 @@ def _axes(scenario: Scenario) -> list[_Axis]:
             if problem is not None:
                 raise _sweep_error(scenario, (*axis.where, path), problem)
             seen[path] = axis.where
-        keys = [json.dumps(row, sort_keys=True, default=str) for row in axis.rows]
-        for row, key in enumerate(keys):
-            if key in keys[:row]:
-                value = axis.rows[row] if len(axis.paths) > 1 else axis.rows[row][0]
+        keys: set[str] = set()
+        for row, values in enumerate(axis.rows):
+            key = json.dumps(values, sort_keys=True, default=str)
+            if key in keys:
+                value = values if len(axis.paths) > 1 else values[0]
                 raise _sweep_error(scenario, (*axis.where, axis.paths[0], row),
                                    f"duplicate value {_show(value)}: cases would repeat")
+            keys.add(key)
     return axes
 
 

@@ -9,7 +9,7 @@ import swa_bench
 from swa_bench.bench.environment import capture_environment, git_state, scenario_hash
 
 KEYS = {"torch", "cuda", "gpu", "driver", "python", "platform", "hostname", "cpu_count",
-        "threads", "git_sha", "git_dirty"}
+        "threads", "omp_num_threads", "cpu_timer", "git_sha", "git_dirty"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
@@ -31,8 +31,12 @@ def test_capture_environment_keys_and_types():
         assert env["gpu"] is None
 
 
-def test_capture_environment_defaults_threads_to_torch():
-    assert capture_environment()["threads"] == torch.get_num_threads()
+def test_capture_environment_defaults_threads_to_what_timing_uses(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert capture_environment()["threads"] == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = capture_environment()
+    assert env["threads"] == 3 and env["omp_num_threads"] == "3"
 
 
 @needs_git

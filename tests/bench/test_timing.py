@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from swa_bench.bench.timing import RegionTimer, region, summarize, time_fn
+from swa_bench.bench.timing import (
+    RegionTimer,
+    default_threads,
+    num_threads,
+    summarize,
+    time_fn,
+)
+from swa_bench.model.forward_context import region
 
 CPU = torch.device("cpu")
 
@@ -75,8 +82,8 @@ def test_time_fn_restores_threads_when_fn_raises():
     assert torch.get_num_threads() == before
 
 
-def test_time_fn_measures_sleep():
-    stats = time_fn(lambda: time.sleep(0.002), device=CPU, warmup=1, iters=5)
+def test_time_fn_measures_sleep_in_wall_clock_with_several_threads():
+    stats = time_fn(lambda: time.sleep(0.002), device=CPU, warmup=1, iters=5, threads=2)
     assert 1.0 < stats.median_ms < 200.0
     assert min(stats.samples_ms) > 1.0
 
@@ -99,13 +106,14 @@ def test_time_fn_rejects_unsupported_device():
 
 def test_region_timer_sequential_and_nested():
     timer = RegionTimer(CPU)
-    for _ in range(3):
-        with timer.region("layers"):
-            with timer.region("gather"):
+    with num_threads(2):  # wall clock: the regions sleep (one thread would take CPU time)
+        for _ in range(3):
+            with timer.region("layers"):
+                with timer.region("gather"):
+                    time.sleep(0.001)
                 time.sleep(0.001)
-            time.sleep(0.001)
-        with timer.region("scatter"):
-            pass
+            with timer.region("scatter"):
+                pass
     samples = timer.samples()
     assert set(samples) == {"layers", "gather", "scatter"}
     assert [len(v) for v in samples.values()] == [3, 3, 3]
@@ -162,3 +170,27 @@ def test_region_timer_cuda():
             a @ a
     summary = timer.summary()
     assert summary["layers"] > summary["gather"] > 0
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 1), ("", 1), ("4", 4), ("0", 1),
+                                                 ("two", 1), (" 2 ", 2)])
+def test_default_threads_honours_omp_num_threads(value, expected):
+    environ = {} if value is None else {"OMP_NUM_THREADS": value}
+    assert default_threads(environ) == expected
+
+
+def test_time_fn_without_threads_takes_the_default(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = []
+    time_fn(lambda: seen.append(torch.get_num_threads()), device=CPU, warmup=0, iters=2)
+    assert seen == [1, 1]
+
+
+def test_one_thread_samples_cpu_time_not_time_spent_descheduled():
+    """A sleeping step (the thread descheduled, as under another job) costs no CPU time."""
+    with num_threads(1):
+        stats = time_fn(lambda: time.sleep(0.02), device=CPU, warmup=0, iters=3)
+    assert stats.median_ms < 5
+    with num_threads(2):
+        assert time_fn(lambda: time.sleep(0.02), device=CPU, warmup=0, iters=3,
+                       threads=2).median_ms >= 19

@@ -15,6 +15,7 @@ from swa_bench.cli import app
 from swa_bench.results import RunResults, load_results
 from swa_bench.run.cases import CaseRunner
 from swa_bench.run.commands import run_scenarios
+from swa_bench.run.folder import Interrupted
 from swa_bench.scenario import default_scenario_path, expand_cases, load_scenario
 
 SMALL_SWEEP = """\
@@ -55,7 +56,7 @@ def test_default_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "smoke")])
     assert result.exit_code == 0, result.output
-    assert "reference ms" in result.output and "PASS" in result.output
+    assert "ref ms" in result.output and "PASS" in result.output
     results = load_results(tmp_path / "smoke")
     assert results.verdict() == "pass"
     assert len(results.cases) == len(expand_cases(load_scenario(default_scenario_path())))
@@ -89,7 +90,7 @@ def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_pa
         return real(self, case, **kwargs)
 
     monkeypatch.setattr(CaseRunner, "run_case", killed_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=r"kept 1 finished case in .*--resume$"):
         run_scenarios([scenario_file], out=out, console=quiet())
     finished = load_results(out)
     assert [c.case_id for c in finished.cases] == calls

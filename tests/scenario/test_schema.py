@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
 from swa_bench.model.args import PRESETS
 from swa_bench.model.requests import RequestSpec
 from swa_bench.scenario import (
-    DTYPE_TOLERANCES,
     Scenario,
     ScenarioError,
     default_capture_sizes,
@@ -33,7 +33,7 @@ def test_minimal_scenario_takes_documented_defaults():
         "auto", "float32", 0, "bounded", "eager")
     assert s.model.preset == "tiny" and s.model.overrides == {}
     assert s.checks.e1.enabled and s.checks.e5.enabled and not s.checks.approximation.enabled
-    assert (s.timing.warmup, s.timing.iters, s.timing.threads) == (2, 10, 2)
+    assert (s.timing.warmup, s.timing.iters, s.timing.threads) == (2, 10, None)
     assert s.sweep.is_empty
 
 
@@ -64,8 +64,8 @@ def test_default_capture_sizes_are_vllms_list():
 
 def test_tolerances_default_per_dtype_and_bitwise_checks_are_exact():
     s = scenario_from_text(MINIMAL + "dtype: bfloat16\nchecks: {e1: {rtol: 1e-3}}\n")
-    assert s.tolerance("e1") == (1e-3, DTYPE_TOLERANCES["bfloat16"][1])
-    assert s.tolerance("e2") == DTYPE_TOLERANCES["bfloat16"]
+    assert s.tolerance("e1") == (1e-3, DEFAULT_TOLERANCES["bfloat16"][1])
+    assert s.tolerance("e2") == DEFAULT_TOLERANCES["bfloat16"]
     assert s.tolerance("e3") == (0.0, 0.0)
     assert s.tolerance("e5") == (0.0, 0.0)
 

@@ -1,0 +1,314 @@
+"""Console (rich) output: the latency table, the check table, compare's table, progress and the
+summary lines. Everything fits 80 columns, so a table stays a table in a CI log or a pipe: long
+text (diagnostics, reasons) goes in lines under the table, not in a column. Text from results
+(labels, error messages) is escaped, so ``[enforce fail at ...]`` is printed, not eaten as markup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from swa_bench.report import tables
+from swa_bench.results import (
+    CaseResult,
+    RunResults,
+    TimingStats,
+    overall_verdict,
+    tally,
+)
+
+if TYPE_CHECKING:
+    from swa_bench.compare import Comparison, ComparisonRow
+
+_SHORT = {"graph_mode": "mode", "trim_threshold": "threshold", "prompt_len": "prompt",
+          "approximation": "approx"}
+_VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold red",
+                  "unverified": "bold yellow"}
+_OUTCOME = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "error": "[bold red]ERROR[/]",
+            "info": "[dim]info[/]"}
+UNSTABLE_ADVICE = ("raise timing.iters, stop other jobs on this machine, and compare these figures "
+                   "with care")
+THREADS_ADVICE = "run with OMP_NUM_THREADS=1 (or timing.threads: 1), "
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+                 pad_edge=False, collapse_padding=True)
+
+
+def swept_columns(cases: Sequence[CaseResult]) -> list[tuple[str, Callable[[CaseResult], str]]]:
+    """(header, cell) per swept parameter, so the rows of a sweep are told apart; tokens always
+    (a workload change shows there)."""
+    paths: list[str] = []
+    for case in cases:
+        paths += [p for p in case.params if p not in paths and not p.startswith("workload")]
+    leaves = [p.rsplit(".", 1)[-1] for p in paths]
+    columns = []
+    for path, leaf in zip(paths, leaves, strict=True):
+        name = leaf if leaves.count(leaf) == 1 else path
+        columns.append((_SHORT.get(name, name),
+                        lambda c, p=path: _value(c.params.get(p, tables.MISSING))))
+    columns.append(("tokens", lambda c: str(c.tokens)))
+    return columns
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _constants(cases: Sequence[CaseResult]) -> str:
+    """The mode and policy when they are not swept (they are then the same for every row)."""
+    parts = []
+    for attr in ("graph_mode", "policy"):
+        values = {getattr(c, attr) for c in cases}
+        if len(values) == 1 and not any(attr in c.params for c in cases):
+            parts.append(values.pop())
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _ms(value: float, digits: int = 4) -> str:
+    return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+
+
+def timing_cell(stats: TimingStats | None, samples: int | None) -> str:
+    """Median, and under it p10–p90 (and n when it differs from the table's)."""
+    if stats is None:
+        return tables.MISSING
+    head = _ms(stats.median_ms) + (" ~" if stats.noisy else "")
+    spread = f"{_ms(stats.p10_ms, 3)}–{_ms(stats.p90_ms, 3)}"
+    if len(stats.samples_ms) != samples:
+        spread += f" n={len(stats.samples_ms)}"
+    return f"{head}\n[dim]{spread}[/]"
+
+
+def _stats(cases: Sequence[CaseResult]) -> list[TimingStats]:
+    return [s for c in cases if c.timing for s in (c.timing.reference, c.timing.replay) if s]
+
+
+def _case_verdict(case: CaseResult) -> str:
+    if case.status == "error":
+        return "[bold red]ERROR[/]"  # the message goes under the table
+    failed = case.failed_checks()
+    if failed:
+        return "[bold red]FAIL[/] " + escape(" ".join(c.id for c in failed))
+    return f"[green]{escape(tables.checks_cell(case))}[/]"
+
+
+def latency_table(results: RunResults) -> Table:
+    """One row per case: swept values, median and p10–p90 of each path, speedup, FLOP ideal."""
+    cases = results.cases
+    stats = _stats(cases)
+    counts = {len(s.samples_ms) for s in stats}
+    samples = counts.pop() if len(counts) == 1 else None
+    table = _table(f"{escape(results.scenario_name)}: latency{escape(_constants(cases))}")
+    columns = swept_columns(cases)
+    for header, _ in columns:
+        table.add_column(escape(header), justify="right" if header == "tokens" else "left",
+                         no_wrap=True)
+    table.add_column("ref ms", justify="right", no_wrap=True)
+    table.add_column("replay ms", justify="right", no_wrap=True)
+    table.add_column("speedup", justify="right", no_wrap=True)
+    table.add_column("ideal", justify="right", no_wrap=True)
+    table.add_column("checks")
+    for case in cases:
+        t = case.timing
+        table.add_row(*[escape(cell(case)) for _, cell in columns],
+                      timing_cell(t.reference if t else None, samples),
+                      timing_cell(t.replay if t else None, samples),
+                      tables.fmt_ratio(case.speedup), tables.fmt_ratio(case.ideal_speedup),
+                      _case_verdict(case))
+    if stats:
+        n = f"n={samples} samples" if samples is not None else "n samples as shown"
+        table.caption = (f"ms: median, under it p10–p90 ({n}); ~ unstable (IQR > 10% of the "
+                         "median); ideal: FLOPs ratio; checks: passed/judged, +Ni info results")
+        table.caption_justify = "left"
+    return table
+
+
+def unstable_warning(results: RunResults) -> str | None:
+    stats = _stats(results.cases)
+    noisy = [s for s in stats if s.noisy]
+    if not noisy:
+        return None
+    worst = max(s.iqr_over_median for s in noisy)
+    threads = results.environment.get("threads")
+    on_gpu = results.environment.get("gpu") is not None
+    advice = (THREADS_ADVICE if isinstance(threads, int) and threads > 1 and not on_gpu
+              else "") + UNSTABLE_ADVICE
+    return (f"{len(noisy)} of {len(stats)} timings are unstable (IQR up to {100 * worst:.0f}% of "
+            f"the median): {advice}")
+
+
+def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> None:
+    """The latency table, timing warnings, trim-threshold advice and the verdict of one run."""
+    console.print(latency_table(results))
+    warning = unstable_warning(results)
+    if warning:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    for advice in results.threshold_advice:
+        value = advice.recommended_trim_threshold
+        console.print(f"recommended trim_threshold for {escape(advice.graph_mode)} / "
+                      f"{escape(advice.batch)}: "
+                      f"{value if value is not None else 'none (replay never won)'} "
+                      f"[dim]({escape(advice.note)})[/]", highlight=False, soft_wrap=True)
+    print_failures(console, results.cases)
+    verdict = results.verdict()
+    console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(tables.verdict_line(results))}[/]; "
+                  f"results in {escape(str(run_dir))}", highlight=False, soft_wrap=True)
+
+
+def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
+    """What went wrong, one line per failed check or raised case, under the table."""
+    for case in cases:
+        for check in case.failed_checks():
+            console.print(f"[red]FAIL[/] {escape(case.label)} {escape(check.id)}: "
+                          f"{escape(tables.one_line(tables.describe_check(check)))}",
+                          highlight=False, soft_wrap=True)
+        if case.status == "error":
+            console.print(f"[red]ERROR[/] {escape(case.label)}: "
+                          f"{escape(tables.one_line(case.error))}", highlight=False, soft_wrap=True)
+
+
+# --- swa-bench check ---------------------------------------------------------------------------
+
+
+def check_table(name: str, cases: Sequence[CaseResult]) -> Table:
+    """One row per case, one column per check: pass / FAIL / info."""
+    ids: list[str] = []
+    for case in cases:
+        ids += [c.id for c in case.checks if c.id not in ids]
+    table = _table(f"{escape(name)}: checks{escape(_constants(cases))}")
+    columns = swept_columns(cases)
+    for header, _ in columns:
+        table.add_column(escape(header), justify="right" if header == "tokens" else "left")
+    for check_id in ids:
+        table.add_column(escape(_SHORT.get(check_id, check_id)))
+    for case in cases:
+        by_id = {c.id: c for c in case.checks}
+        cells = [_OUTCOME[tables.check_outcome(by_id[i])] if i in by_id else tables.MISSING
+                 for i in ids]
+        if case.status == "error":
+            cells = [_OUTCOME["error"]] * max(len(ids), 1)
+            if not ids:
+                table.add_column("result")
+                ids.append("result")
+        table.add_row(*[escape(cell(case)) for _, cell in columns], *cells)
+    return table
+
+
+def check_summary_line(cases: Sequence[CaseResult]) -> str:
+    counts = tally(cases)
+    verdict = overall_verdict(cases)
+    head = "UNVERIFIED (no pass/fail check ran)" if verdict == "unverified" else verdict.upper()
+    return (f"{head}: {tables.checks_summary(counts)}; {counts['cases']} cases, "
+            f"{counts['failed']} failed, {counts['errors']} raised")
+
+
+def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> None:
+    console.print(check_table(name, cases))
+    print_failures(console, cases)
+    verdict = overall_verdict(cases)
+    console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
+                  highlight=False, soft_wrap=True)
+
+
+def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dict[str, Any]:
+    """``swa-bench check --json``: per scenario (name, file) its verdict, tallies and cases."""
+    scenarios = []
+    for name, file, cases in checked:
+        scenarios.append({
+            "name": name, "file": file, "verdict": overall_verdict(cases),
+            "counts": tally(cases),
+            "cases": [{"case_id": c.case_id, "label": c.label, "params": c.params,
+                       "status": c.status, "error": c.error,
+                       "checks": [{"id": k.id, "name": k.name, "mode": k.mode,
+                                   "outcome": tables.check_outcome(k), "message": k.message}
+                                  for k in c.checks]} for c in cases]})
+    verdicts = {s["verdict"] for s in scenarios}
+    overall = next((v for v in ("error", "fail", "unverified") if v in verdicts), "pass")
+    return {"verdict": overall, "scenarios": scenarios}
+
+
+def report_checks(checked: Sequence[tuple[str, str, Sequence[CaseResult]]], *,
+                  as_json: bool) -> int:
+    """Prints the JSON document when asked; the exit code: 0 only when every scenario passed."""
+    document = checks_json(checked)
+    if as_json:
+        print(json.dumps(document, indent=2, default=str))
+    return 0 if document["verdict"] == "pass" else 1
+
+
+@contextmanager
+def case_progress(console: Console, name: str, total: int) -> Iterator[Callable[[str], None]]:
+    """A transient progress bar; the yielded function names the case about to run."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(escape(name), total=total)
+        started = False
+
+        def advance(label: str) -> None:
+            nonlocal started
+            if started:
+                progress.advance(task)
+            started = True
+            progress.update(task, description=escape(f"{name}: {label}"))
+
+        yield advance
+        progress.advance(task)
+
+
+# --- swa-bench compare -------------------------------------------------------------------------
+
+_COMPARE_STYLE = {"regressed": "bold red", "warning": "yellow", "missing": "yellow",
+                  "improved": "green", "new": "cyan", "unchanged": "dim"}
+
+
+def _delta_cell(row: ComparisonRow, path: str) -> str:
+    delta = next((t for t in row.timings if t.path == path), None)
+    if delta is None or delta.baseline_ms is None or delta.current_ms is None:
+        return tables.MISSING
+    change = "" if delta.change is None else f" {100 * delta.change:+.1f}%"
+    return f"{_ms(delta.current_ms)}{change}"
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    """Status and current median (change vs baseline) per case; reasons go under the table."""
+    from swa_bench.compare import sorted_rows
+
+    table = _table("swa-bench compare")
+    table.add_column("case")
+    table.add_column("status", no_wrap=True)
+    table.add_column("reference ms", justify="right", no_wrap=True)
+    table.add_column("replay ms", justify="right", no_wrap=True)
+    for row in sorted_rows(comparison):
+        table.add_row(escape(row.label), f"[{_COMPARE_STYLE[row.status]}]{row.status}[/]",
+                      _delta_cell(row, "reference"), _delta_cell(row, "replay"))
+    return table
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    from swa_bench.compare import sorted_rows, verdict_line
+
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    console.print(comparison_table(comparison))
+    for row in sorted_rows(comparison):
+        if row.status in ("unchanged", "new", "missing") or not row.reasons:
+            continue
+        style = _COMPARE_STYLE[row.status]
+        console.print(f"[{style}]{row.status}[/] {escape(row.label)}: "
+                      f"{escape('; '.join(row.reasons))}", highlight=False, soft_wrap=True)
+    style = "bold red" if comparison.failed else "bold green"
+    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False,
+                  soft_wrap=True)

@@ -1,0 +1,144 @@
+"""Console tables: readable at 80 columns and when piped, sweeps told apart, markup printed as
+written, info results counted apart from passes; the github-action-benchmark export."""
+
+from __future__ import annotations
+
+import io
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from rich.console import Console
+
+from swa_bench.report.console import (
+    check_summary_line,
+    check_table,
+    checks_json,
+    latency_table,
+    print_run_summary,
+)
+from swa_bench.report.export import github_benchmark_entries
+from swa_bench.report.junit import render_junit
+from swa_bench.report.markdown import render_markdown
+from swa_bench.results import CheckResult
+from tests.report import synthetic
+
+MARKUP = "RuntimeError: [enforce fail at alloc.cpp:12] [bold]out of memory[/bold]"
+
+
+def piped(width: int = 80) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=width, color_system=None), buffer
+
+
+def rendered(renderable, width: int = 80) -> str:
+    console, buffer = piped(width)
+    console.print(renderable)
+    return buffer.getvalue()
+
+
+def test_latency_table_fits_80_columns_and_shows_the_spread():
+    results = synthetic.synthetic_run()
+    text = rendered(latency_table(results))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text, "no cell is cut"
+    case = results.cases[0]
+    stats = case.timing.reference
+    assert f"{stats.p10_ms:.3g}–{stats.p90_ms:.3g}" in text
+    assert "n=10 samples" in " ".join(text.split())
+    header = text.splitlines()[2]
+    for column in ("mode", "policy", "tokens", "ref ms", "replay ms", "speedup"):
+        assert column in header
+
+
+def test_swept_parameters_are_columns():
+    results = synthetic.synthetic_run(error=False)
+    for case in results.cases:
+        case.params["seed"] = case.index % 2
+    text = rendered(latency_table(results))
+    assert "seed" in text.splitlines()[2]
+
+
+def test_error_text_is_not_eaten_as_markup():
+    results = synthetic.synthetic_run()
+    results.cases[-1].error = MARKUP
+    console, buffer = piped(200)
+    print_run_summary(console, results, Path("run"))
+    assert MARKUP in buffer.getvalue()
+
+
+def test_check_table_progress_free_summary_and_info_apart():
+    results = synthetic.synthetic_run(failing=True, error=False)
+    info = CheckResult(id="approximation", name="bounded vs full", passed=True, mode="info")
+    for case in results.cases:
+        case.checks.append(info)
+    text = rendered(check_table("synthetic", results.cases))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "info" in text and "FAIL" in text
+    counts = results.counts()
+    assert counts["checks_info"] == len(results.cases)
+    assert counts["checks_passed"] + counts["checks_failed"] + counts["checks_info"] == (
+        counts["checks"])
+    line = check_summary_line(results.cases)
+    assert line.startswith("FAIL") and f"{len(results.cases)} info results" in line
+
+
+def test_only_info_results_are_not_a_pass():
+    results = synthetic.synthetic_run(failing=False, error=False)
+    for case in results.cases:
+        case.checks = [CheckResult(id="approximation", name="m", passed=True, mode="info")]
+    assert results.verdict() == "unverified"
+    assert check_summary_line(results.cases).startswith("UNVERIFIED")
+    assert checks_json([("s", "s.yaml", results.cases)])["verdict"] == "unverified"
+    assert "UNVERIFIED" in render_markdown(results)
+    suite = ET.fromstring(render_junit(results)).find("testsuite")
+    assert suite.get("skipped") == str(len(results.cases)) and suite.get("failures") == "0"
+
+
+def test_a_run_without_cases_or_checks_is_not_a_pass():
+    results = synthetic.synthetic_run(failing=False, error=False)
+    results.cases = []
+    assert results.verdict() == "error"
+    results = synthetic.synthetic_run(failing=False, error=False)
+    for case in results.cases:
+        case.checks = []
+    assert results.verdict() == "unverified"
+
+
+def test_github_benchmark_export_is_custom_smaller_is_better():
+    results = synthetic.synthetic_run()
+    entries = github_benchmark_entries(results)
+    timed = [c for c in results.cases if c.timing]
+    assert len(entries) == 2 * len(timed)
+    assert len({e["name"] for e in entries}) == len(entries)
+    first = entries[0]
+    assert set(first) == {"name", "unit", "value", "range", "extra"}
+    assert first["unit"] == "ms" and first["value"] == round(timed[0].timing.reference.median_ms, 6)
+    assert first["name"] == f"synthetic/{timed[0].label}/reference"
+
+
+def test_report_on_a_read_only_or_full_folder_is_one_line(tmp_path, monkeypatch):
+    """Root writes anywhere, so the read-only pre-check is exercised through os.access."""
+    import errno
+    import os
+
+    import pytest
+
+    import swa_bench.report as report
+    from swa_bench.results import ResultsError, save_results
+
+    save_results(tmp_path, synthetic.synthetic_run())
+    before = (tmp_path / "results.json").read_bytes()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != tmp_path and real_access(p, mode))
+    with pytest.raises(ResultsError, match="read-only"):
+        report.write_reports(tmp_path)
+    monkeypatch.setattr(os, "access", real_access)
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "write_text_atomic", full)
+    with pytest.raises(ResultsError, match="No space left on device"):
+        report.write_reports(tmp_path)
+    assert (tmp_path / "results.json").read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))

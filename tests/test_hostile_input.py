@@ -1,0 +1,175 @@
+"""Hostile input: every case ends in one stderr line, exit code 2, no traceback, and nothing
+written or replaced. The inputs that used to grow without bound run in a subprocess under a memory
+and time limit, so a regression fails the test instead of the machine."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MEMORY_LIMIT = 3 * 1024**3  # validate needs ~100 MB; the alias bomb used to reach 6.4 GB
+TIME_LIMIT_S = 60
+BASE = "workload: {requests: [{prompt_len: 4}]}\n"
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def swa_bench(*args: str, cwd: Path = REPO, limited: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-m", "swa_bench", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIME_LIMIT_S,
+                          preexec_fn=_limits if limited else None)
+
+
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *starts: str) -> str:
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    for start in starts:
+        assert start in lines[0], lines[0]
+    return lines[0]
+
+
+def alias_bomb() -> str:
+    """Billion laughs: nine levels of nine aliases (9**9 strings once expanded)."""
+    lines = ["name: bomb", BASE.strip(), "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for level in range(1, 10):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\ndescription: *a9\n"
+
+
+def huge_grid() -> str:
+    """A sweep whose product is 10**9 cases."""
+    fields = ["seed", "halo_align", "eager_trim_threshold", "timing.iters", "timing.warmup",
+              "max_capture_size", "trim_threshold", "checks.e1.rtol", "checks.e2.rtol"]
+    values = {"checks.e1.rtol": [i / 10 for i in range(10)],
+              "checks.e2.rtol": [i / 10 for i in range(10)],
+              "trim_threshold": list(range(100, 110))}
+    grid = "".join(f"    {f}: {values.get(f, list(range(1, 11)))}\n" for f in fields)
+    return "name: grid\n" + BASE + "sweep:\n  grid:\n" + grid
+
+
+# (file name, text, the field or words the one line must contain)
+SCENARIOS = [
+    ("alias_bomb.yaml", alias_bomb(), "YAML aliases expand to more than"),
+    ("huge_grid.yaml", huge_grid(), "sweep: expands to 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 "
+                                    "= 1000000000 cases, above the cap of 1000"),
+    ("seed.yaml", "name: s\nseed: 100000000000000000000000000000\n" + BASE, "seed: "),
+    ("negative_seed.yaml", "name: s\nseed: -1\n" + BASE, "seed: must be >= 0"),
+    ("long_name.yaml", "name: " + "n" * 300 + "\n" + BASE,
+     "name: must be at most 100 characters, got 300"),
+    ("deep.yaml", "name: d\n" + BASE + "description: " + "[" * 5000 + "]" * 5000 + "\n",
+     "nested deeper than"),
+    ("self_alias.yaml", "name: d\n" + BASE + "description: &a [*a]\n", "refers to a node"),
+    ("huge_iters.yaml", "name: t\n" + BASE + "timing: {iters: 1000000000}\n", "timing.iters: "),
+    ("huge_threads.yaml", "name: t\n" + BASE + "timing: {threads: 100000}\n", "timing.threads: "),
+    ("huge_capture.yaml", "name: t\n" + BASE + "max_capture_size: 1000000000000\n",
+     "max_capture_size: "),
+    ("huge_override.yaml", "name: t\nmodel: {overrides: {dim: 1" + "0" * 30 + "}}\n" + BASE,
+     "model.overrides.dim: "),
+    ("binary.yaml", "name: t\n\x00\x01\n", ""),
+    ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hostile")
+    for name, text, _ in SCENARIOS:
+        (folder / name).write_text(text)
+    (folder / "huge_file.yaml").write_text("name: big\n" + BASE + "# " + "x" * 2_000_000 + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("command", [("validate",), ("run", "--dry-run")])
+@pytest.mark.parametrize(("name", "text", "expected"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_hostile_scenario_is_one_line_exit_2(corpus, tmp_path, command, name, text, expected):
+    proc = swa_bench(*command, str(corpus / name), cwd=tmp_path)
+    assert_one_line_exit_2(proc, f"{corpus / name}: ", expected)
+    assert list(tmp_path.iterdir()) == [], "nothing is written for bad input"
+
+
+@pytest.mark.parametrize("command", [("run",), ("check",), ("check", "--json")])
+def test_the_bombs_stop_run_and_check_too(corpus, tmp_path, command):
+    for name in ("alias_bomb.yaml", "huge_grid.yaml"):
+        proc = swa_bench(*command, str(corpus / name), cwd=tmp_path)
+        assert_one_line_exit_2(proc, f"{corpus / name}: ")
+        assert proc.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_huge_file_is_refused_unread(corpus):
+    proc = swa_bench("validate", str(corpus / "huge_file.yaml"))
+    assert_one_line_exit_2(proc, "larger than")
+
+
+def test_max_cases_raises_the_cap(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: s\n" + BASE + "sweep:\n  grid:\n    seed: [1, 2, 3, 4, 5]\n")
+    assert_one_line_exit_2(swa_bench("validate", str(path), "--max-cases", "4"),
+                           "= 5 cases, above the cap of 4", "--max-cases")
+    proc = swa_bench("validate", str(path), "--max-cases", "5")
+    assert proc.returncode == 0 and "(5 cases)" in proc.stdout
+
+
+def test_a_file_name_longer_than_the_file_system_allows(tmp_path):
+    name = "x" * 300 + ".yaml"
+    for command in (("validate",), ("run", "--dry-run"), ("run",)):
+        proc = swa_bench(*command, name, cwd=tmp_path)
+        assert_one_line_exit_2(proc, f"{name}: cannot read")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def tiny_scenario(tmp_path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text("name: tiny\ndevice: cpu\n" + BASE + "timing: {enabled: false}\n")
+    return path
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[]", '{"schema_version": 1}'])
+def test_a_corrupt_baseline_is_refused_before_the_run(tmp_path, tiny_scenario, content):
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(content)
+    out = tmp_path / "out"
+    proc = swa_bench("run", str(tiny_scenario), "--out", str(out), "--baseline", str(baseline))
+    assert_one_line_exit_2(proc, f"{baseline}: ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "dangling", "proc", "sys"])
+def test_an_unusable_out_is_refused_before_the_run(tmp_path, tiny_scenario, where):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "missing")
+    out = {"file": a_file, "under_file": a_file / "run", "dangling": dangling,
+           "proc": Path("/proc/swa-bench-run"), "sys": Path("/sys/fs/swa-bench-run")}[where]
+    if where == "sys" and not Path("/sys/fs").is_dir():
+        pytest.skip("no /sys/fs")
+    proc = swa_bench("run", str(tiny_scenario), "--out", str(out))
+    assert_one_line_exit_2(proc, str(out))
+    assert a_file.read_text() == "keep me" and not (tmp_path / "missing").exists()
+    assert not out.exists() or out == a_file
+
+
+def test_compare_on_deeply_nested_json(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    proc = swa_bench("compare", str(deep), str(deep))
+    assert_one_line_exit_2(proc, f"{deep}: ")
+
+
+def test_markup_in_an_error_is_printed_as_written(tmp_path):
+    path = tmp_path / "[red]odd.yaml"
+    path.write_text("name: x\n" + BASE + "seed: [enforce fail at alloc.cpp:12]\n")
+    proc = swa_bench("validate", str(path))
+    assert_one_line_exit_2(proc, "[red]odd.yaml: seed: must be an integer")
