@@ -42,7 +42,7 @@ ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9
 
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Policy = Literal["full", "bounded", "halo"]
+Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
 GraphMode = Literal["eager", "piecewise", "full"]
 CheckId = Literal["e1", "e2", "e3", "e4", "e5"]
 
