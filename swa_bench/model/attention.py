@@ -62,6 +62,14 @@ def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB
 
 
+def varlen_chunk_rows(
+    q_len: int, n_glob: int, heads: int, window: int, device: torch.device
+) -> int:
+    """Query rows per chunk of ``varlen_attention``: fp32 scores within ``score_budget``."""
+    budget = score_budget(torch.device(device)) // (heads * (n_glob + window) + 1)
+    return max(1, min(q_len, budget, WINDOW_GATHER_ROWS))
+
+
 def varlen_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -90,8 +98,7 @@ def varlen_attention(
                 full = full.mean(dim=1)
             glob = full
         n_glob = 0 if glob is None else glob.shape[0]
-        budget = score_budget(q.device) // (heads * (n_glob + window) + 1)
-        chunk = max(1, min(lay.q_len, budget, WINDOW_GATHER_ROWS))
+        chunk = varlen_chunk_rows(lay.q_len, n_glob, heads, window, q.device)
         reads_ring = lay.kv_first_pos > max(lay.window_start, 0)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)

@@ -253,7 +253,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
 
 
 class RoutedExperts(nn.Module):
-    """The routed experts' weights: ``w13 [E, 2 * inter, dim]`` (gate, up), ``w2 [E, dim, inter]``."""
+    """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up), ``w2 [E, dim, inter]``."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()

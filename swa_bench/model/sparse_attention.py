@@ -102,7 +102,7 @@ def select_top_k(scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> tor
 
 def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device) -> int:
     """Rows per indexer chunk: their scores ``[rows, heads, n_keys]`` stay within the budget."""
-    return max(1, score_budget(device) // (index_heads * max(n_keys, 1)))
+    return max(1, score_budget(torch.device(device)) // (index_heads * max(n_keys, 1)))
 
 
 def pooled(rows: torch.Tensor, ratio: int) -> torch.Tensor:
