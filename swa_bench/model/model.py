@@ -70,6 +70,9 @@ def apply_rope(
     return torch.cat([rest, rotated], dim=-1)
 
 
+HC_ROWS = 8192
+
+
 class HyperConnection(nn.Module):
     """mHC around one sublayer: mixes the streams into its input and writes its output back.
 
@@ -88,10 +91,21 @@ class HyperConnection(nn.Module):
             self.static_post = nn.Parameter(torch.zeros(hc))
             self.res_logits = nn.Parameter(torch.zeros(hc, hc))
 
+    def gains(self, streams: Streams) -> torch.Tensor:
+        """The dynamic gains ``[T, 2 hc]``, by row chunks: the normed concatenation is fp32 of
+        ``hc`` times a stream's size (5 GiB per 64K rows at V4.1-Flash's width)."""
+        rows = streams[0].shape[0]
+        if rows <= HC_ROWS:
+            return self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
+        return torch.cat([
+            self.dynamic(self.norm(torch.cat([s[r : r + HC_ROWS] for s in streams], dim=-1)))
+            for r in range(0, rows, HC_ROWS)
+        ]).float()
+
     def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.hc == 1:
             return streams[0], None
-        gains = self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
+        gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
         mixed = pre[:, 0:1] * streams[0].float()
