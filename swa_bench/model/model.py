@@ -256,9 +256,10 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
     row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
     exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied);
     else one GEMM per group (host offsets: eager only)."""
-    if hasattr(torch, "_grouped_mm"):
+    cpu = x.device.type == "cpu"
+    if hasattr(torch, "_grouped_mm") and (cpu or x.dtype == torch.bfloat16):
         b = w.transpose(-2, -1)
-        return torch._grouped_mm(x, b.contiguous() if x.device.type == "cpu" else b, offs=ends)
+        return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
     out, start = x.new_empty(x.shape[0], w.shape[1]), 0
     for g, end in enumerate(ends.tolist()):
         out[start:end] = x[start:end] @ w[g].t()
