@@ -13,18 +13,24 @@ from swa_bench.checks.equivalence import _last_rows, _last_tokens, decode, engin
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer
+from swa_bench.replay.row_selection import Policy
 from swa_bench.results import Approximation, CheckResult
 
 
 def approximation(
-    model: Transformer, workload: StepInputs, *, continuation_steps: int, halo_align: int = 1
+    model: Transformer,
+    workload: StepInputs,
+    *,
+    continuation_steps: int,
+    halo_align: int = 1,
+    policy: Policy = "bounded",
 ) -> Approximation:
-    """Bounded replay against the full prefill: last-token logits, window KV per decoder layer
-    (error vs depth), and greedy continuations over ``continuation_steps`` decode steps."""
+    """Replay under ``policy`` against the full prefill: last-token logits, window KV per decoder
+    layer (error vs depth), and greedy continuations over ``continuation_steps`` decode steps."""
     bounded, full = engines(
         model,
         workload,
-        EngineConfig(policy="bounded", halo_align=halo_align),
+        EngineConfig(policy=policy, halo_align=halo_align),
         EngineConfig(policy="full"),
     )
     out = bounded.step(workload.requests, workload.step_tokens)

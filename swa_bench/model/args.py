@@ -8,6 +8,14 @@ The layer stack is split at the last KV-source layer ``S = kv_sources[-1]``:
 * layer ``S`` also writes a full-resolution global latent for every token;
 * layers after ``S`` are the decoder: they own nothing but a window ring of ``window`` slots
   and read S's global KV.
+
+Per-layer compress ratios follow from the split, as in V4.1-Flash's ``compress_ratios``: none for
+window-only layers, ``compress_ratio`` for the encoder, 1 (full resolution) from S on.
+
+With ``index_topk`` set, global attention is sparse from the first index source on: each index
+source layer scores the visible global positions with the indexer and every layer up to the next
+index source attends to that selection (plus its window). S must be an index source, so the
+replay layers select on their own rows.
 """
 
 from __future__ import annotations
@@ -40,6 +48,13 @@ class ModelArgs:
     index_topk: int | None = None
     index_n_heads: int = 4
     index_head_dim: int = 32
+    # Layers that run the indexer (None: S alone). Only KV sources own index keys; an index source
+    # reads the keys of its closest KV source.
+    index_sources: list[int] | None = None
+    # Distinct routed-expert weight sets shared round-robin by the layers (None: every layer owns
+    # its experts). Routing, per-expert token counts and GEMM shapes stay real; only the storage
+    # is shared, so a 40-layer, 384-expert model fits one GPU.
+    expert_weight_pools: int | None = None
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     max_seq_len: int = 256
@@ -88,6 +103,18 @@ class ModelArgs:
             out.append(("o_groups", f"must divide n_heads={self.n_heads}"))
         if self.index_topk is not None and self.index_topk < 1:
             out.append(("index_topk", "must be >= 1, or null for dense causal attention"))
+        if self.expert_weight_pools is not None and self.expert_weight_pools < 1:
+            out.append(("expert_weight_pools", "must be >= 1, or null for per-layer experts"))
+        if self.index_sources is not None:
+            sources = list(self.index_sources)
+            if sorted(set(sources)) != sources:
+                out.append(("index_sources", "must be sorted and without duplicates"))
+            elif self.kv_sources and self.last_kv_source not in sources:
+                out.append(("index_sources", "must include S, the last KV source"))
+            elif self.kv_sources and sources[0] < self.kv_sources[0]:
+                out.append(("index_sources", "must not precede the first KV source"))
+            elif sources[-1] >= self.n_layers:
+                out.append(("index_sources", f"layers must lie below n_layers={self.n_layers}"))
         if not self.kv_sources:
             out.append(("kv_sources", "needs at least one KV-source layer"))
         elif sorted(set(self.kv_sources)) != self.kv_sources:
@@ -110,6 +137,26 @@ class ModelArgs:
         """The closest KV source at or before ``layer`` (None for window-only layers)."""
         before = [s for s in self.kv_sources if s <= layer]
         return before[-1] if before else None
+
+    @property
+    def sparse(self) -> bool:
+        return self.index_topk is not None
+
+    def index_source_list(self) -> list[int]:
+        if not self.sparse:
+            return []
+        return list(self.index_sources) if self.index_sources is not None else [self.last_kv_source]
+
+    def index_source_for(self, layer: int) -> int | None:
+        """The index source whose selection ``layer`` attends to (None: dense attention)."""
+        before = [s for s in self.index_source_list() if s <= layer]
+        return before[-1] if before else None
+
+    def compress_ratio_for(self, layer: int) -> int | None:
+        """V4.1's per-layer ratio: None (window-only), ``compress_ratio`` (encoder), 1 (S on)."""
+        if self.kv_source_for(layer) is None:
+            return None
+        return 1 if layer >= self.last_kv_source else self.compress_ratio
 
     def replace(self, **overrides) -> ModelArgs:
         return dataclasses.replace(self, **overrides)
@@ -157,6 +204,47 @@ PRESETS: dict[str, ModelArgs] = {
         hc_mult=4,
         max_seq_len=65536 + 256,
         max_requests=8,
+    ),
+    # The real V4.1-Flash layer stack (SPEC section 1): 40 layers, S = 20 (21 layers on every
+    # token, 19 decoder layers), top-512 sparse attention chosen by the indexer, 384 routed experts
+    # top-6 + 1 shared. Seeded dummy weights; the routed experts' storage is one 384-expert set
+    # shared by every layer (27 GiB in bf16), so the model takes about 43 GiB of an H200.
+    "v41-flash": ModelArgs(
+        vocab_size=129280,
+        dim=5120,
+        n_layers=40,
+        n_heads=64,
+        head_dim=512,
+        rope_dim=64,
+        q_lora_rank=1280,
+        o_groups=8,
+        o_lora_rank=1024,
+        window=128,
+        kv_sources=[2, 8, 14, 20],
+        compress_ratio=2,
+        n_routed_experts=384,
+        n_activated_experts=6,
+        n_shared_experts=1,
+        moe_inter_dim=2304,
+        hc_mult=4,
+        index_topk=512,
+        index_n_heads=32,
+        index_head_dim=128,
+        index_sources=[2, 8, 14, 20, 24, 28, 32, 36],
+        expert_weight_pools=1,
+        max_seq_len=65536 + 256,
+        max_requests=8,
+    ),
+    # V4.1-Flash's structure in miniature for CPU tests: window-only, sparse encoder with compressed
+    # sources, S, a sparse decoder with index sources of its own, routed experts on shared storage.
+    "sparse-tiny": ModelArgs(
+        n_layers=10,
+        kv_sources=[2, 4, 5],
+        index_topk=6,
+        index_sources=[2, 4, 5, 7],
+        n_routed_experts=8,
+        n_activated_experts=2,
+        expert_weight_pools=2,
     ),
 }
 

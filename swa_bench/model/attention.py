@@ -35,33 +35,7 @@ class GlobalKV:
     ratio: int = 1  # 1: full resolution (S and the decoder); > 1: compressed (the encoder)
 
 
-@dataclass(frozen=True)
-class IndexQuery:
-    """The top-k indexer's view of the query rows: each row keeps the ``top_k`` visible global
-    positions with the highest score ``sum_h weights[h] * relu(q[h] . key)``."""
-
-    q: torch.Tensor  # [rows, index heads, index dim]
-    weights: torch.Tensor  # [rows, index heads]
-    keys: torch.Tensor  # S's flat index-key cache [requests * max_seq_len + 1, index dim]
-    top_k: int
-
-
-def top_k_mask(
-    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, top_k: int
-) -> torch.Tensor:
-    """``visible [C, n]`` narrowed to each row's top-k positions (keys ``[n, d]`` or per row)."""
-    pattern = "chd,nd->chn" if keys.dim() == 2 else "chd,cnd->chn"
-    scores = torch.einsum(pattern, q, keys).float().relu_()
-    scores = (scores * weights.float()[..., None]).sum(dim=1)
-    scores = scores.masked_fill_(~visible, float("-inf"))
-    # A stable sort breaks ties (ReLU makes many scores exactly 0) by position, so every path
-    # and every batch shape picks the same positions.
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    chosen = order[:, : min(top_k, scores.shape[-1])]
-    return visible & torch.zeros_like(visible).scatter_(1, chosen, True)
-
-
-def _softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
+def softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
     """Normalises fp32 score blocks ``[..., H, n_i]`` together with a per-head sink logit.
 
     In place, without concatenating the blocks: at long context the scores are the largest
@@ -88,6 +62,14 @@ def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB
 
 
+def varlen_chunk_rows(
+    q_len: int, n_glob: int, heads: int, window: int, device: torch.device
+) -> int:
+    """Query rows per chunk of ``varlen_attention``: fp32 scores within ``score_budget``."""
+    budget = score_budget(torch.device(device)) // (heads * (n_glob + window) + 1)
+    return max(1, min(q_len, budget, WINDOW_GATHER_ROWS))
+
+
 def varlen_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -96,7 +78,6 @@ def varlen_attention(
     layer: int,
     global_kv: GlobalKV,
     sink: torch.Tensor,
-    index: IndexQuery | None = None,
 ) -> torch.Tensor:
     """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
     window = cache.args.window
@@ -117,8 +98,7 @@ def varlen_attention(
                 full = full.mean(dim=1)
             glob = full
         n_glob = 0 if glob is None else glob.shape[0]
-        budget = score_budget(q.device) // (heads * (n_glob + window) + 1)
-        chunk = max(1, min(lay.q_len, budget, WINDOW_GATHER_ROWS))
+        chunk = varlen_chunk_rows(lay.q_len, n_glob, heads, window, q.device)
         reads_ring = lay.kv_first_pos > max(lay.window_start, 0)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
@@ -147,16 +127,11 @@ def varlen_attention(
                     n = p1
                     gpos = torch.arange(n, device=q.device)
                     g_mask = gpos[None, :] <= qpos[:, None]
-                    if index is not None:
-                        q_rows = slice(lay.q_start + c0, lay.q_start + c1)
-                        base = lay.cache_index * cache.args.max_seq_len
-                        g_mask = top_k_mask(index.q[q_rows], index.weights[q_rows],
-                                            index.keys[base : base + n], g_mask, index.top_k)
                 if n > 0:
                     parts.append(_shared_key_scores(qc, glob[:n], g_mask, scale))
                     values.append(glob[:n])
 
-            probs = _softmax_with_sink(parts, sink)
+            probs = softmax_with_sink(parts, sink)
             o = torch.bmm(probs[0].to(k_win.dtype), k_win)
             if len(values) > 1:
                 o = o + _shared_key_values(probs[1], values[1])
@@ -176,7 +151,6 @@ def static_attention(
     layer: int,
     global_kv: GlobalKV,
     sink: torch.Tensor,
-    index: IndexQuery | None = None,
 ) -> torch.Tensor:
     """The same function from device metadata alone: no host reads, static shapes (capturable)."""
     args = cache.args
@@ -222,15 +196,10 @@ def static_attention(
         if glob is not None:
             k_glob = glob[meta.cache_index[req[rows]]]
             visible = g_mask[rows]
-            if index is not None:
-                index_keys = index.keys[: args.max_requests * max_seq]
-                index_keys = index_keys.view(args.max_requests, max_seq, -1)
-                visible = top_k_mask(index.q[rows], index.weights[rows],
-                                     index_keys[meta.cache_index[req[rows]]], visible, index.top_k)
             s = torch.bmm(qc, k_glob.transpose(1, 2)).float() * scale
             parts.append(s.masked_fill(~visible[:, None, :], float("-inf")))
             values.append(k_glob)
-        probs = _softmax_with_sink(parts, sink)
+        probs = softmax_with_sink(parts, sink)
         outs.append(sum(torch.bmm(p.to(v.dtype), v) for p, v in zip(probs, values, strict=True)))
     ring.index_copy_(0, meta.ring_slot, kv)
     return torch.cat(outs)

@@ -27,24 +27,21 @@ class KVCache:
             s: torch.zeros(global_rows, args.head_dim, device=device, dtype=dtype)
             for s in args.kv_sources
         }
-        # S's indexer keys for every position (only with the top-k indexer).
-        self.index_keys = None
-        if args.index_topk is not None:
-            self.index_keys = torch.zeros(
-                global_rows, args.index_head_dim, device=device, dtype=dtype
-            )
+        # Every KV source's indexer keys for every position (sparse attention only).
+        self.index_keys = {
+            s: torch.zeros(global_rows, args.index_head_dim, device=device, dtype=dtype)
+            for s in (args.kv_sources if args.sparse else [])
+        }
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every cache by name, without the trash rows: the state a step leaves behind."""
         out = {f"ring.{i}": t[:-1] for i, t in enumerate(self.ring)}
         out.update({f"latent.{s}": t[:-1] for s, t in self.latent.items()})
-        if self.index_keys is not None:
-            out["index_keys"] = self.index_keys[:-1]
+        out.update({f"index_keys.{s}": t[:-1] for s, t in self.index_keys.items()})
         return out
 
     def _raw(self) -> list[torch.Tensor]:
-        extra = [] if self.index_keys is None else [self.index_keys]
-        return [*self.ring, *self.latent.values(), *extra]
+        return [*self.ring, *self.latent.values(), *self.index_keys.values()]
 
     def ring_window(self, layer: int, cache_index: int) -> torch.Tensor:
         """The request's W ring slots of ``layer`` (slot = position mod W)."""
@@ -55,6 +52,10 @@ class KVCache:
         """Positions ``[0, length)`` of a KV source's latent for one request."""
         base = cache_index * self.args.max_seq_len
         return self.latent[source][base : base + length]
+
+    def index_key_rows(self, source: int, cache_index: int, length: int) -> torch.Tensor:
+        base = cache_index * self.args.max_seq_len
+        return self.index_keys[source][base : base + length]
 
     def copy_from(self, other: KVCache) -> None:
         for mine, theirs in zip(self._raw(), other._raw(), strict=True):

@@ -56,6 +56,9 @@ class ForwardContext:
     # decoder runs on kept rows; None: the whole batch. Typed loosely: the model does not import
     # the replay package that builds it.
     replay_batch: Any = None
+    # Sparse attention: each index source's selection [rows, top_k] for the layers after it, set
+    # when the index source runs in this forward (a replay batch has a context of its own).
+    index_selection: dict[int, torch.Tensor] = field(default_factory=dict)
     timer: RegionTimer | None = None
 
     def metadata_for(self, layer: int) -> AttentionMetadata:

@@ -24,10 +24,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.attention import GlobalKV, IndexQuery, static_attention, varlen_attention
+from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.graph_breaks import eager_break
+from swa_bench.model.sparse_attention import (
+    IndexQuery,
+    select_static,
+    select_varlen,
+    sparse_static_attention,
+    sparse_varlen_attention,
+)
 
 Streams = tuple[torch.Tensor, ...]
 # Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> streams.
@@ -63,6 +70,9 @@ def apply_rope(
     return torch.cat([rest, rotated], dim=-1)
 
 
+HC_ROWS = 8192
+
+
 class HyperConnection(nn.Module):
     """mHC around one sublayer: mixes the streams into its input and writes its output back.
 
@@ -81,10 +91,21 @@ class HyperConnection(nn.Module):
             self.static_post = nn.Parameter(torch.zeros(hc))
             self.res_logits = nn.Parameter(torch.zeros(hc, hc))
 
+    def gains(self, streams: Streams) -> torch.Tensor:
+        """The dynamic gains ``[T, 2 hc]``, by row chunks: the normed concatenation is fp32 of
+        ``hc`` times a stream's size (5 GiB per 64K rows at V4.1-Flash's width)."""
+        rows = streams[0].shape[0]
+        if rows <= HC_ROWS:
+            return self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
+        return torch.cat([
+            self.dynamic(self.norm(torch.cat([s[r : r + HC_ROWS] for s in streams], dim=-1)))
+            for r in range(0, rows, HC_ROWS)
+        ]).float()
+
     def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.hc == 1:
             return streams[0], None
-        gains = self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
+        gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
         mixed = pre[:, 0:1] * streams[0].float()
@@ -138,36 +159,51 @@ class Attention(nn.Module):
         else:
             self.global_kv = GlobalKV(source, args.compress_ratio)
         self.cache: KVCache | None = None
-        self.index_topk = args.index_topk if layer >= args.last_kv_source else None
-        if self.index_topk is not None:
+        # Sparse attention: the index source whose selection this layer reads (None: dense).
+        self.index_source = args.index_source_for(layer) if source is not None else None
+        self.runs_indexer = self.index_source == layer
+        if self.runs_indexer:
             n_index, d_index = args.index_n_heads, args.index_head_dim
             self.wq_index = nn.Linear(args.q_lora_rank, n_index * d_index, bias=False)
-            self.w_index = nn.Linear(args.q_lora_rank, n_index, bias=False)
-        self.writes_index_keys = self.index_topk is not None and layer == args.last_kv_source
+            self.w_index = nn.Linear(args.dim, n_index, bias=False)
+        self.writes_index_keys = args.sparse and self.writes_latent
         if self.writes_index_keys:
-            self.wk_index = nn.Linear(args.dim, args.index_head_dim, bias=False)
+            self.wk_index = nn.Linear(args.head_dim, args.index_head_dim, bias=False)
+            self.index_norm = RMSNorm(args.index_head_dim, args.norm_eps)
 
-    def index_query(self, q_latent: torch.Tensor) -> IndexQuery | None:
-        """The indexer's queries for S and the decoder (None: dense causal global attention)."""
-        if self.index_topk is None:
+    def index_weights(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The indexer's per-head weights of an index source's rows (None elsewhere)."""
+        if not self.runs_indexer:
             return None
+        scale = (self.args.index_head_dim * self.args.index_n_heads) ** -0.5
+        return self.w_index(x) * scale
+
+    def index_query(
+        self, q_latent: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor
+    ) -> IndexQuery:
         n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
         q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
-        return IndexQuery(q, self.w_index(q_latent), self.cache.index_keys, self.index_topk)
+        q = apply_rope(q, positions, self.index_rope_dim, self.args.rope_theta)
+        source = self.args.kv_source_for(self.layer)
+        return IndexQuery(q, weights, source, self.args.index_topk)
+
+    @property
+    def index_rope_dim(self) -> int:
+        return min(self.args.rope_dim, self.args.index_head_dim // 2 * 2)
 
     def project_kv(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared K=V latent of every row; a KV source also writes it to its latent cache."""
+        """The shared K=V latent of every row; a KV source also writes it to its latent cache
+        (and, with sparse attention, its index keys)."""
         ctx = get_forward_context()
-        kv = apply_rope(
-            self.kv_norm(self.wkv(x)),
-            ctx.attn_metadata.positions,
-            self.args.rope_dim,
-            self.args.rope_theta,
-        )
+        positions = ctx.attn_metadata.positions
+        latent = self.kv_norm(self.wkv(x))
+        kv = apply_rope(latent, positions, self.args.rope_dim, self.args.rope_theta)
         if self.writes_latent:
             self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
         if self.writes_index_keys:
-            self.cache.index_keys.index_copy_(0, ctx.attn_metadata.global_slot, self.wk_index(x))
+            keys = apply_rope(self.index_norm(self.wk_index(latent)), positions,
+                              self.index_rope_dim, self.args.rope_theta)
+            self.cache.index_keys[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, keys)
         return kv
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -179,7 +215,7 @@ class Attention(nn.Module):
         q_latent = self.q_norm(self.wq_a(x))
         if kv is None:
             kv = self.project_kv(x)
-        o = attention_op(q_latent, kv, self.layer, self)
+        o = attention_op(q_latent, kv, self.index_weights(x), self.layer, self)
         o = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1])
         o = torch.einsum("tgi,gir->tgr", o, self.wo_a)
         return self.wo_b(o.flatten(1))
@@ -187,48 +223,115 @@ class Attention(nn.Module):
 
 @eager_break("attention")
 def attention_op(
-    q_latent: torch.Tensor, kv: torch.Tensor, layer: int, attn: Attention
+    q_latent: torch.Tensor,
+    kv: torch.Tensor,
+    index_weights: torch.Tensor | None,
+    layer: int,
+    attn: Attention,
 ) -> torch.Tensor:
     """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata).
 
     It takes the low-rank query latent, not the heads: a captured graph keeps every break's
-    inputs alive, and at 64K tokens 64 heads x 512 of query per layer would fill the GPU.
+    inputs alive, and at 64K tokens 64 heads x 512 of query per layer would fill the GPU. An
+    index source publishes its selection in the forward context for the layers after it.
     """
     ctx = get_forward_context()
     meta = ctx.metadata_for(layer)
     q = attn.project_q(q_latent, meta.positions)
-    kernel = static_attention if ctx.attention_backend == "static" else varlen_attention
-    index = attn.index_query(q_latent)
-    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, index)
+    static = ctx.attention_backend == "static"
+    if attn.index_source is None:
+        kernel = static_attention if static else varlen_attention
+        return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink)
+    if attn.runs_indexer:
+        index = attn.index_query(q_latent, meta.positions, index_weights)
+        select = select_static if static else select_varlen
+        ctx.index_selection[layer] = select(meta, attn.cache, index, attn.global_kv.ratio)
+    selection = ctx.index_selection[attn.index_source]
+    kernel = sparse_static_attention if static else sparse_varlen_attention
+    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, selection)
 
 
-class MoE(nn.Module):
-    """Top-k routed experts plus shared experts.
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` rows sorted by group, ``w [G, N, K]``, ``ends [G]`` int32 cumulative row ends:
+    row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
+    exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied);
+    else one GEMM per group (host offsets: eager only)."""
+    cpu = x.device.type == "cpu"
+    if hasattr(torch, "_grouped_mm") and (cpu or x.dtype == torch.bfloat16):
+        b = w.transpose(-2, -1)
+        return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
+    out, start = x.new_empty(x.shape[0], w.shape[1]), 0
+    for g, end in enumerate(ends.tolist()):
+        out[start:end] = x[start:end] @ w[g].t()
+        start = end
+    return out
 
-    Every expert runs on every row and unselected experts get a zero gate: the result is exactly
-    top-k routing, at static shapes a captured graph can hold (three GEMMs over the concatenated
-    experts rather than a data-dependent token shuffle).
-    """
+
+class RoutedExperts(nn.Module):
+    """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up), ``w2 [E, dim, inter]``."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
+        e, inter = args.n_routed_experts, args.moe_inter_dim
+        self.w13 = nn.Parameter(torch.empty(e, 2 * inter, args.dim))
+        self.w2 = nn.Parameter(torch.empty(e, args.dim, inter))
+
+
+MOE_ROWS = 16384  # tokens routed per chunk: the sorted copies stay a few GiB at 64K tokens
+
+
+class MoE(nn.Module):
+    """Top-k routed experts plus shared experts, dispatched as serving engines do.
+
+    Each token's (token, expert) pairs are sorted by expert (stable, so ties keep token order), the
+    rows are gathered and run through a grouped GEMM whose group ends are computed on the device
+    (``searchsorted``, no host sync: capturable at static shapes); outputs return to their pairs
+    and are combined with the routing weights. Unselected experts do no work.
+    """
+
+    def __init__(self, args: ModelArgs, shared_experts: RoutedExperts | None = None) -> None:
+        super().__init__()
         self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
-        inter = self.inter = args.moe_inter_dim
+        self.inter = args.moe_inter_dim
         self.gate = nn.Linear(args.dim, args.n_routed_experts, bias=False)
-        self.w13 = nn.Linear(args.dim, 2 * args.n_routed_experts * inter, bias=False)
-        self.w2 = nn.Linear(args.n_routed_experts * inter, args.dim, bias=False)
-        shared = args.n_shared_experts * inter
+        # A pool shared with other layers stays unregistered (the model owns it).
+        self.own_experts = RoutedExperts(args) if shared_experts is None else None
+        self.shared_pool = (shared_experts,)
+        shared = args.n_shared_experts * self.inter
         self.shared_w13 = nn.Linear(args.dim, 2 * shared, bias=False) if shared else None
         self.shared_w2 = nn.Linear(shared, args.dim, bias=False) if shared else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def experts(self) -> RoutedExperts:
+        return self.own_experts if self.own_experts is not None else self.shared_pool[0]
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights."""
         scores = torch.sigmoid(self.gate(x).float())
         top = scores.topk(self.top_k, dim=-1)
-        gates = torch.zeros_like(scores).scatter(-1, top.indices, top.values)
-        gates = gates / gates.sum(dim=-1, keepdim=True)
-        w1, w3 = self.w13(x).view(x.shape[0], 2, self.n_experts, self.inter).unbind(dim=1)
-        h = (F.silu(w1) * w3 * gates.to(x.dtype)[..., None]).flatten(1)
-        out = self.w2(h)
+        return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
+
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        t, k = x.shape[0], self.top_k
+        experts, weights = self.route(x)
+        pairs = experts.flatten()
+        order = torch.argsort(pairs, stable=True)
+        bounds = torch.arange(1, self.n_experts + 1, device=x.device)
+        ends = torch.searchsorted(pairs[order], bounds).to(torch.int32)
+        w = self.experts
+        h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
+        g, u = h.chunk(2, dim=-1)
+        y = grouped_mm(F.silu(g) * u, w.w2, ends)
+        y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
+        y = torch.zeros_like(y).index_copy_(0, order, y)
+        return y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= MOE_ROWS:
+            out = self.routed(x)
+        else:
+            out = torch.cat([self.routed(x[r : r + MOE_ROWS])
+                             for r in range(0, x.shape[0], MOE_ROWS)])
         if self.shared_w13 is not None:
             s1, s3 = self.shared_w13(x).chunk(2, dim=-1)
             out = out + self.shared_w2(F.silu(s1) * s3)
@@ -236,14 +339,16 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int) -> None:
+    def __init__(
+        self, args: ModelArgs, layer: int, experts: RoutedExperts | None = None
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.attn_hc, self.ffn_hc = HyperConnection(args), HyperConnection(args)
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, layer)
-        self.moe = MoE(args)
+        self.moe = MoE(args, experts)
 
     def forward(self, streams: Streams) -> Streams:
         x, post = self.attn_hc.pre(streams)
@@ -272,7 +377,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.embed = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        pools = args.expert_weight_pools
+        self.expert_pools = nn.ModuleList(RoutedExperts(args) for _ in range(pools or 0))
+        self.layers = nn.ModuleList(
+            Block(args, i, self.expert_pools[i % pools] if pools else None)
+            for i in range(args.n_layers)
+        )
         self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)

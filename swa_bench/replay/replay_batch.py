@@ -85,7 +85,7 @@ def bounded_reference_metadata(
 ) -> dict[int, AttentionMetadata]:
     """Decoder-layer metadata of the bounded reference: the whole batch, with each request's
     window masked below the kept start of its last ``lens[i]`` rows (layer S keeps the batch
-    starts)."""
+    starts). A request keeping no row writes no decoder ring slot, as on the replay batch."""
     layouts = [
         replace(lay, window_start=kept_window_start(lay.window_start, lay.seq_len, k, r.query_len))
         for lay, r, k in zip(step.metadata.layouts, step.requests, lens, strict=True)
@@ -98,4 +98,9 @@ def bounded_reference_metadata(
         device=step.input_ids.device,
         num_request_slots=step.metadata.window_start.shape[0],
     )
+    unwritten = [r for lay, k in zip(layouts, lens, strict=True) if k == 0
+                 for r in range(lay.kv_start, lay.kv_start + lay.kv_len)]
+    if unwritten:
+        rows = torch.tensor(unwritten, dtype=torch.long, device=metadata.ring_slot.device)
+        metadata.ring_slot.index_fill_(0, rows, args.max_requests * args.window)
     return {layer: metadata for layer in range(args.last_kv_source + 1, args.n_layers)}

@@ -11,8 +11,11 @@ from typing import Literal
 
 from swa_bench.model.requests import RequestSpec, query_starts
 
-Policy = Literal["full", "bounded", "halo"]
-POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo")
+Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
+POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo", "final_window", "tail")
+
+# ROCm ATOM's tail keeps W + this many rows: room for the speculative tokens of the next step.
+TAIL_SPECULATIVE_TOKENS = 5
 
 
 def halo_size(window: int, n_decoder_layers: int, align: int = 1) -> int:
@@ -28,7 +31,17 @@ def halo_size(window: int, n_decoder_layers: int, align: int = 1) -> int:
 
 
 def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> int:
-    """How many of the request's last rows in this step stay in the replay batch."""
+    """How many of the request's last rows in this step stay in the replay batch.
+
+    * ``full``: every row;
+    * ``bounded`` (vLLM #56752/#58132): the last min(q, W); every prefill chunk keeps its own;
+    * ``halo``: the last min(q, H);
+    * ``final_window`` (TensorRT-LLM): a chunk that does not end its prompt keeps no row (its
+      decoder rings are not written this step); the chunk that ends it keeps its last min(q, W);
+    * ``tail`` (ROCm ATOM): the last min(q, W + TAIL_SPECULATIVE_TOKENS).
+
+    Under every policy decode rows are kept, and a request asking for prompt logprobs keeps all.
+    """
     q = request.query_len
     if policy == "full" or request.decode or request.prompt_logprobs:
         return q
@@ -36,6 +49,10 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
         return min(q, window)
     if policy == "halo":
         return min(q, halo)
+    if policy == "final_window":
+        return min(q, window) if request.seq_len >= request.prompt_len else 0
+    if policy == "tail":
+        return min(q, window + TAIL_SPECULATIVE_TOKENS)
     raise ValueError(f"unknown policy {policy!r}")
 
 
@@ -61,7 +78,8 @@ def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]
 def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int) -> int:
     """``kept_kv_start``: decoder layers under replay never computed window KV below this.
 
-    A request that keeps all its rows keeps its batch start (a decode row reads its ring).
+    A request that keeps all its rows keeps its batch start (a decode row reads its ring); one
+    that keeps none gets ``seq_len``: nothing of this step is visible.
     """
     if kept >= query_len:
         return replay_start

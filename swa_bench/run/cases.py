@@ -127,6 +127,8 @@ class CaseRunner:
                 result.approximation = approximation(
                     model, inputs, continuation_steps=sc.continuation_steps(),
                     halo_align=sc.halo_align,
+                    # the reference has no approximation of its own: a full case reports bounded
+                    policy=sc.policy if sc.policy != "full" else "bounded",
                 )
                 result.checks.append(check_bounds(
                     result.approximation, max_logits_abs_error=a.max_logits_abs_error,

@@ -31,8 +31,8 @@ def mixed(w: int) -> list[RequestSpec]:
 
 
 def test_top_k_over_every_position_is_dense_attention(tiny_args):
-    """With top_k >= max_seq_len the indexer selects every visible position: bitwise the dense
-    model with the same weights."""
+    """With top_k >= max_seq_len the indexer selects every visible position: the dense model with
+    the same weights, up to rounding (the sparse path gathers keys in another order)."""
     dense, _ = build_model(tiny_args, seed=0)
     wide, _ = build_model(tiny_args.replace(index_topk=tiny_args.max_seq_len), seed=0)
     wide.load_state_dict(dense.state_dict(), strict=False)
@@ -42,7 +42,7 @@ def test_top_k_over_every_position_is_dense_attention(tiny_args):
         engine = Engine(model)
         load.fill_context(engine)
         outs.append(engine.reference_step(load.requests, load.step_tokens).logits)
-    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
 def test_the_indexer_narrows_attention(tiny_args, indexed):

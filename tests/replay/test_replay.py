@@ -195,3 +195,18 @@ def test_e1_holds_when_attention_runs_in_many_query_chunks(tiny_model, workload,
     assert result.passed, result.message
     e2 = check_e2(tiny_model, workload, EngineConfig(policy="halo"), tol=TOL)
     assert e2.passed, e2.message
+
+
+def test_a_request_keeping_no_row_writes_no_decoder_ring(tiny_model):
+    """final_window: a chunk that does not end its prompt has q_len 0 on the replay batch; its
+    decoder rings stay untouched while the layers up to S write theirs."""
+    args = tiny_model.args
+    requests = [RequestSpec(prompt_len=100, chunk_size=40), RequestSpec(prompt_len=30)]
+    load = StepInputs.seeded(requests, args.vocab_size, 9)
+    engine = Engine(tiny_model, EngineConfig(policy="final_window"))
+    out = engine.step(load.requests, load.step_tokens)
+    assert out.replay_batch.kept_lens == (0, args.window)
+    assert [lay.q_len for lay in out.replay_batch.forward_context.attn_metadata.layouts] == [0, 8]
+    for layer in range(args.n_layers):
+        written = engine.cache.ring_window(layer, 0).abs().sum() > 0
+        assert written == (layer <= args.last_kv_source), f"ring of layer {layer}"

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from swa_bench.model.batch import batch_window_start
 from swa_bench.model.requests import RequestSpec, query_starts
 from swa_bench.replay.row_selection import (
+    POLICIES,
     halo_size,
     kept_lens,
     kept_rows,
@@ -35,7 +36,7 @@ windows = st.integers(1, 64)
 
 
 @settings(max_examples=200, deadline=None)
-@given(batches, windows, st.integers(1, 6), st.sampled_from(["full", "bounded", "halo"]))
+@given(batches, windows, st.integers(1, 6), st.sampled_from(POLICIES))
 def test_kept_rows_are_each_requests_last_rows(batch, window, depth, policy):
     halo = halo_size(window, depth)
     lens = kept_lens(batch, policy, window, halo)
@@ -46,6 +47,11 @@ def test_kept_rows_are_each_requests_last_rows(batch, window, depth, policy):
         q = r.query_len
         if policy == "full" or r.decode or r.prompt_logprobs:
             keep = q
+        elif policy == "final_window":
+            ends_prompt = r.cached_len + q == r.prompt_len
+            keep = min(q, window) if ends_prompt else 0
+        elif policy == "tail":
+            keep = min(q, window + 5)
         else:
             keep = min(q, window if policy == "bounded" else halo)
         expected += list(range(starts[i + 1] - keep, starts[i + 1]))
@@ -53,14 +59,15 @@ def test_kept_rows_are_each_requests_last_rows(batch, window, depth, policy):
     assert rows == sorted(set(rows)), "kept rows are distinct and in batch order"
     assert trims(batch, lens) == (len(rows) < starts[-1])
     for i, r in enumerate(batch):
-        assert lens[i] >= min(r.query_len, window), "the last min(q, W) rows are always kept"
+        if policy != "final_window" or r.seq_len == r.prompt_len or r.decode:
+            assert lens[i] >= min(r.query_len, window), "the last min(q, W) rows are always kept"
 
 
 @settings(max_examples=200, deadline=None)
 @given(batches, windows)
 def test_window_starts(batch, window):
     halo = halo_size(window, 3)
-    for policy in ("bounded", "halo"):
+    for policy in POLICIES:
         for r, k in zip(batch, kept_lens(batch, policy, window, halo), strict=True):
             start = batch_window_start(r.context_len, window)
             assert start == (0 if r.context_len == 0 else max(0, r.context_len - window))
@@ -92,3 +99,21 @@ def test_halo_covers_the_dependency_cone(window, depth, align):
 def test_v41_flash_halo_matches_the_spec():
     assert halo_size(128, 19) == 2414
     assert halo_size(128, 19, align=512) == 2560
+
+
+def test_policies_on_a_chunked_prefill_and_a_decode():
+    w, halo = 8, 30
+    early = RequestSpec(prompt_len=100, cached_len=20, chunk_size=40)  # rows 20..59, not last
+    last = RequestSpec(prompt_len=100, cached_len=60, chunk_size=40)  # rows 60..99, ends it
+    decode = RequestSpec(prompt_len=50, decode=True)
+    logprobs = RequestSpec(prompt_len=40, prompt_logprobs=True)
+    batch = [early, last, decode, logprobs]
+    assert kept_lens(batch, "bounded", w, halo) == [8, 8, 1, 40]
+    assert kept_lens(batch, "halo", w, halo) == [30, 30, 1, 40]
+    assert kept_lens(batch, "final_window", w, halo) == [0, 8, 1, 40]
+    assert kept_lens(batch, "tail", w, halo) == [13, 13, 1, 40]
+    assert kept_lens(batch, "full", w, halo) == [40, 40, 1, 40]
+
+
+def test_a_request_keeping_no_row_sees_nothing_of_its_step():
+    assert kept_window_start(12, seq_len=60, kept=0, query_len=40) == 60

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The real V4.1-Flash layer stack (40 layers, top-512 sparse attention, 384 routed experts top-6) on
+# one H200, bf16: 16K and 64K tokens, bounded replay, eager and PIECEWISE, E1 and E5 (eager cases),
+# then a table: reference ms, replay ms, speedup, FLOP-ideal (torch's counter and the analytic
+# model), peak memory. One case per process (a 64K PIECEWISE case holds two graph sets: nothing
+# else may be resident), each under its own time limit so a slow case cannot eat the others'.
+#
+# Usage with the device tool (carry [".whl"]; ../shared/device/prep.sh fills .whl once):
+#   bash scripts/v41_flash_gpu.sh          # all four cases, about 6-8 minutes
+#   bash scripts/v41_flash_gpu.sh 16k      # the 16K cases only (if 'all' runs past the limit)
+#   bash scripts/v41_flash_gpu.sh 64k
+# Logs, run folders and the table go under $OUT.
+set -uo pipefail
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+OUT=${OUT:-/tmp/out}; RUNS=$OUT/runs; mkdir -p "$RUNS"
+SCENARIO=scenarios/v41-flash-gpu.yaml
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+run_case() {  # label substring, run folder name, time limit (s)
+  local select=$1 name=$2 limit=$3 start=$SECONDS rc
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$OUT/$name.mem" &
+  local smi=$!
+  timeout "$limit" python3 -m swa_bench run "$SCENARIO" --select "$select" --out "$RUNS/$name" \
+    > "$OUT/$name.log" 2>&1
+  rc=$?
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  echo "$name: rc=$rc in $((SECONDS - start)) s, device memory used at most" \
+       "$(sort -n "$OUT/$name.mem" | tail -1) MiB" | tee -a "$OUT/cases.txt"
+  [ "$rc" -eq 0 ] || tail -5 "$OUT/$name.log"
+}
+
+case "${1:-all}" in
+  16k) run_case "eager/bounded/T=16384/" eager-16k 150
+       run_case "piecewise/bounded/T=16384/" piecewise-16k 150 ;;
+  64k) run_case "eager/bounded/T=65536/" eager-64k 240
+       run_case "piecewise/bounded/T=65536/" piecewise-64k 240 ;;
+  all) run_case "eager/bounded/T=16384/" eager-16k 100
+       run_case "piecewise/bounded/T=16384/" piecewise-16k 70
+       run_case "eager/bounded/T=65536/" eager-64k 170
+       run_case "piecewise/bounded/T=65536/" piecewise-64k 150 ;;
+esac
+
+python3 - "$RUNS" "$OUT" <<'PY' | tee "$OUT/table.md"
+import json, sys
+from pathlib import Path
+from swa_bench.bench.flop_model import step_flops
+from swa_bench.model.args import PRESETS
+from swa_bench.model.requests import RequestSpec
+
+runs, out = Path(sys.argv[1]), Path(sys.argv[2])
+args = PRESETS["v41-flash"]
+print("| tokens | mode | reference ms | replay ms | speedup | FLOP-ideal (counter) "
+      "| FLOP-ideal (model) | peak extra ref / replay GiB | device max GiB | E1 | E5 |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for name in ("eager-16k", "piecewise-16k", "eager-64k", "piecewise-64k"):
+    path = runs / name / "results.json"
+    if not path.exists():
+        print(f"| {name} | no results (see {name}.log) |")
+        continue
+    for case in json.loads(path.read_text())["cases"]:
+        t = case.get("timing") or {}
+        ref, rep = (t.get("reference") or {}), (t.get("replay") or {})
+        kept = case.get("deterministic", {}).get("kept_rows", args.window)
+        req = [RequestSpec(prompt_len=case["tokens"])]
+        model = step_flops(args, req, [case["tokens"]], "cuda")["total"] / \
+            step_flops(args, req, [kept], "cuda")["total"]
+        peak = case.get("peak_memory_bytes", {})
+        mem = [int(x) for x in (out / f"{name}.mem").read_text().split() if x.strip().isdigit()]
+        checks = {c["id"]: ("pass" if c["passed"] else "FAIL: " + c["message"][:60])
+                  for c in case.get("checks", [])}
+        fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+        print(f"| {case['tokens']} | {case['graph_mode']} | {fmt(ref.get('median_ms'), '.1f')} "
+              f"| {fmt(rep.get('median_ms'), '.1f')} | {fmt(case.get('speedup'), '.2f')}x "
+              f"| {fmt(case.get('ideal_speedup'), '.2f')}x | {model:.2f}x "
+              f"| {peak.get('reference', 0) / 2**30:.1f} / {peak.get('replay', 0) / 2**30:.1f} "
+              f"| {max(mem, default=0) / 1024:.1f} | {checks.get('E1', '-')} "
+              f"| {checks.get('E5', '-')} |")
+        if case.get("status") == "error":
+            print(f"|   | error: {case['error'].splitlines()[0][:150]} |")
+        breakdown = t.get("breakdown_ms") or {}
+        if breakdown:
+            print(f"|   | replay breakdown ms: "
+                  f"{', '.join(f'{k} {v:.2f}' for k, v in breakdown.items())} |")
+PY

@@ -1,0 +1,143 @@
+"""Analytic FLOPs of one eager step: the matmuls each layer runs on the rows it runs them on.
+
+A function of the model arguments, the step's requests and the kept rows of its plan, so the
+ideal speedup can be read without running anything, and checked against torch's counter (the
+counter sees the same matmuls: GEMMs, the batched GEMMs of attention and the indexer, the
+grouped GEMMs of the routed experts). Counted as the code runs them:
+
+* attention reads W window columns per row, plus the top-k selection (sparse) or every visible
+  global position up to its chunk's last one (dense, chunked as ``varlen_attention`` chunks);
+* the indexer scores each row of an index source against the keys up to its chunk's last
+  position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head;
+* the MoE runs the gate, the k routed experts of each row and the shared experts.
+
+Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
+graph run their padded rows too; this model counts the eager step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.attention import varlen_chunk_rows
+from swa_bench.model.requests import RequestSpec
+from swa_bench.model.sparse_attention import index_chunk_rows
+
+
+@dataclass(frozen=True)
+class QueryRows:
+    """One request's query rows in one layer: ``q_len`` rows from position ``first``."""
+
+    first: int
+    q_len: int
+    seq_len: int
+
+
+def chunks(rows: QueryRows, chunk: int) -> list[tuple[int, int]]:
+    """(rows in the chunk, one past its last position) of each chunk."""
+    return [(min(rows.q_len, c0 + chunk) - c0, rows.first + min(rows.q_len, c0 + chunk))
+            for c0 in range(0, rows.q_len, chunk)]
+
+
+def attention_core_flops(
+    args: ModelArgs, layer: int, rows: QueryRows, device: torch.device | str = "cpu"
+) -> int:
+    """QK^T and PV of one request's rows in ``layer``: 4 H D per (row, key column)."""
+    per_key = 4 * args.n_heads * args.head_dim
+    ratio = args.compress_ratio_for(layer)
+    if ratio is None:
+        return rows.q_len * per_key * args.window
+    n_glob = rows.seq_len // ratio
+    if args.index_source_for(layer) is not None:
+        width = args.window + (args.index_topk if n_glob > 0 else 0)
+        return rows.q_len * per_key * width
+    chunk = varlen_chunk_rows(rows.q_len, n_glob, args.n_heads, args.window, device)
+    total = 0
+    for c, last in chunks(rows, chunk):
+        total += c * per_key * (args.window + min(n_glob, last if ratio == 1 else last // ratio))
+    return total
+
+
+def indexer_flops(
+    args: ModelArgs, layer: int, rows: QueryRows, device: torch.device | str = "cpu"
+) -> int:
+    """An index source's scoring of one request's rows: its query and weight projections, then
+    ``q . k`` in every index head (2 d) and the weighted head sum (2) per visible-chunk key."""
+    if args.index_source_for(layer) != layer:
+        return 0
+    heads, d = args.index_n_heads, args.index_head_dim
+    ratio = args.compress_ratio_for(layer)
+    projections = rows.q_len * (2 * args.q_lora_rank * heads * d + 2 * args.dim * heads)
+    n_keys = rows.seq_len // ratio
+    total = 0
+    for c, last in chunks(rows, index_chunk_rows(n_keys, heads, device)):
+        total += c * heads * min(n_keys, last if ratio == 1 else last // ratio) * (2 * d + 2)
+    return projections + total
+
+
+def attention_projection_flops(args: ModelArgs, num_rows: int) -> int:
+    """wq_a, wq_b, wo_a (grouped), wo_b per row; wkv is counted with the KV write."""
+    h_d = args.n_heads * args.head_dim
+    per_row = (2 * args.dim * args.q_lora_rank + 2 * args.q_lora_rank * h_d
+               + 2 * h_d * args.o_lora_rank + 2 * args.o_groups * args.o_lora_rank * args.dim)
+    return num_rows * per_row
+
+
+def kv_write_flops(args: ModelArgs, layer: int, num_rows: int) -> int:
+    """wkv per row, and a KV source's index keys (``wk`` of the latent) with sparse attention."""
+    owns_keys = args.sparse and layer in args.kv_sources
+    keys = 2 * args.head_dim * args.index_head_dim if owns_keys else 0
+    return num_rows * (2 * args.dim * args.head_dim + keys)
+
+
+def hyper_connection_flops(args: ModelArgs, num_rows: int) -> int:
+    """One mHC ``pre``: the dynamic gains of the concatenated streams (none for one stream)."""
+    hc = args.hc_mult
+    return 0 if hc == 1 else num_rows * 2 * hc * args.dim * 2 * hc
+
+
+def moe_flops(args: ModelArgs, num_rows: int) -> int:
+    """Gate, the k routed experts and the shared experts (gate/up and down: 6 dim inter each)."""
+    expert = 6 * args.dim * args.moe_inter_dim
+    per_row = (2 * args.dim * args.n_routed_experts
+               + (args.n_activated_experts + args.n_shared_experts) * expert)
+    return num_rows * per_row
+
+
+def head_flops(args: ModelArgs, num_logits: int) -> int:
+    return num_logits * 2 * args.dim * args.vocab_size
+
+
+def step_flops(
+    args: ModelArgs,
+    requests: Sequence[RequestSpec],
+    kept_lens: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> dict[str, int]:
+    """FLOPs of an eager step by part (and ``total``); ``kept_lens`` are the plan's (each request's
+    query length when the decoder runs on the whole batch)."""
+    s = args.last_kv_source
+    whole = [QueryRows(r.context_len, r.query_len, r.seq_len) for r in requests]
+    kept = [QueryRows(r.seq_len - k, k, r.seq_len)
+            for r, k in zip(requests, kept_lens, strict=True)]
+    num_all, num_kept = sum(r.q_len for r in whole), sum(r.q_len for r in kept)
+    parts = dict.fromkeys(("projections", "attention", "indexer", "moe", "hc", "head"), 0)
+    for layer in range(args.n_layers):
+        rows = whole if layer < s else kept
+        n = num_all if layer < s else num_kept
+        parts["projections"] += attention_projection_flops(args, n)
+        parts["projections"] += kv_write_flops(args, layer, num_all if layer <= s else n)
+        parts["attention"] += sum(attention_core_flops(args, layer, r, device) for r in rows)
+        parts["indexer"] += sum(indexer_flops(args, layer, r, device) for r in rows)
+        parts["moe"] += moe_flops(args, n)
+        # Layer S's attention mHC runs on every row (its input feeds the KV write).
+        parts["hc"] += hyper_connection_flops(args, num_all if layer <= s else n)
+        parts["hc"] += hyper_connection_flops(args, n)
+    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    parts["head"] = head_flops(args, num_logits)
+    parts["total"] = sum(parts.values())
+    return parts

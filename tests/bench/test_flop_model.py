@@ -1,0 +1,105 @@
+"""The analytic FLOP model: each formula against counts worked out by hand for a small model,
+then whole steps against torch's counter."""
+
+import pytest
+
+from swa_bench.bench.flop_model import (
+    QueryRows,
+    attention_core_flops,
+    attention_projection_flops,
+    chunks,
+    head_flops,
+    hyper_connection_flops,
+    indexer_flops,
+    kv_write_flops,
+    moe_flops,
+    step_flops,
+)
+from swa_bench.bench.flops import count_flops
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.args import PRESETS, ModelArgs
+from swa_bench.model.model import build_model
+from swa_bench.model.requests import RequestSpec
+
+# dim 8, 2 heads x 4, q_lora 6, one output group of rank 3, W = 2, sources 1 (ratio 2) and S = 2,
+# 4 experts top-2 of width 5 + 1 shared, 2 mHC streams, indexer 2 heads x 4, top-3.
+SMALL = ModelArgs(
+    vocab_size=10, dim=8, n_layers=4, n_heads=2, head_dim=4, rope_dim=2, q_lora_rank=6,
+    o_groups=1, o_lora_rank=3, window=2, kv_sources=[1, 2], compress_ratio=2,
+    n_routed_experts=4, n_activated_experts=2, n_shared_experts=1, moe_inter_dim=5, hc_mult=2,
+    index_topk=3, index_n_heads=2, index_head_dim=4, index_sources=[1, 2], max_seq_len=64,
+)
+FIVE = QueryRows(first=0, q_len=5, seq_len=5)
+
+
+def test_attention_projections():
+    # wq_a 2*8*6 + wq_b 2*6*8 + wo_a 2*8*3 + wo_b 2*1*3*8 = 96 + 96 + 48 + 48 per row
+    assert attention_projection_flops(SMALL, 3) == 3 * 288
+
+
+def test_kv_write():
+    assert kv_write_flops(SMALL, 1, 3) == 3 * (2 * 8 * 4 + 2 * 4 * 4)  # wkv + index keys
+    assert kv_write_flops(SMALL, 3, 3) == 3 * (2 * 8 * 4)  # not a source: wkv only
+
+
+def test_hyper_connection():
+    assert hyper_connection_flops(SMALL, 3) == 3 * 2 * (2 * 8) * 4
+    assert hyper_connection_flops(SMALL.replace(hc_mult=1), 3) == 0
+
+
+def test_moe():
+    # gate 2*8*4, then (2 routed + 1 shared) experts of 6*8*5
+    assert moe_flops(SMALL, 3) == 3 * (64 + 3 * 240)
+
+
+def test_head():
+    assert head_flops(SMALL, 2) == 2 * 2 * 8 * 10
+
+
+def test_sparse_attention_reads_window_plus_top_k():
+    per_key = 4 * 2 * 4
+    assert attention_core_flops(SMALL, 0, FIVE) == 5 * per_key * 2  # window-only
+    assert attention_core_flops(SMALL, 2, FIVE) == 5 * per_key * (2 + 3)  # S: W + top-3
+    assert attention_core_flops(SMALL, 1, FIVE) == 5 * per_key * (2 + 3)  # compressed source
+
+
+def test_dense_attention_reads_every_visible_position_of_its_chunk():
+    dense = SMALL.replace(index_topk=None, index_sources=None)
+    per_key = 4 * 2 * 4
+    assert attention_core_flops(dense, 2, FIVE) == 5 * per_key * (2 + 5)
+    assert attention_core_flops(dense, 1, FIVE) == 5 * per_key * (2 + 5 // 2)
+
+
+def test_indexer_scores_every_head_against_the_chunks_keys():
+    projections = 5 * (2 * 6 * 2 * 4 + 2 * 8 * 2)
+    assert indexer_flops(SMALL, 2, FIVE) == projections + 5 * 2 * 5 * (2 * 4 + 2)
+    assert indexer_flops(SMALL, 1, FIVE) == projections + 5 * 2 * (5 // 2) * (2 * 4 + 2)
+    assert indexer_flops(SMALL, 3, FIVE) == 0  # reads layer 2's selection
+
+
+def test_chunks_end_at_their_last_position():
+    assert chunks(QueryRows(first=10, q_len=5, seq_len=15), 2) == [(2, 12), (2, 14), (1, 15)]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "sparse-tiny"])
+@pytest.mark.parametrize("policy", ["full", "bounded", "final_window"])
+def test_step_flops_equal_the_counter(preset, policy):
+    args = PRESETS[preset]
+    model, _ = build_model(args, seed=0)
+    w = args.window
+    requests = [
+        RequestSpec(prompt_len=12, decode=True),
+        RequestSpec(prompt_len=6 * w),
+        RequestSpec(prompt_len=w + 1, prompt_logprobs=True),
+        RequestSpec(prompt_len=5 * w, cached_len=2 * w + 3),
+        RequestSpec(prompt_len=9 * w, chunk_size=3 * w),
+    ]
+    load = StepInputs.seeded(requests, args.vocab_size, 5)
+    engine = Engine(model, EngineConfig(policy=policy))
+    load.fill_context(engine)
+    plan = engine.plan(load.requests)
+    assert plan.replays == (policy != "full")
+    counted = count_flops(lambda: engine.step(load.requests, load.step_tokens))
+    assert step_flops(args, load.requests, plan.kept_lens)["total"] == counted
