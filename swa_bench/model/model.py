@@ -254,16 +254,22 @@ def attention_op(
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """``x [M, K]`` rows sorted by group, ``w [G, N, K]``, ``ends [G]`` int32 cumulative row ends:
     row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
-    exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied);
-    else one GEMM per group (host offsets: eager only)."""
+    exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied).
+
+    Elsewhere (fp32/fp16 on CUDA: the check models) every group's GEMM runs on every row and
+    device-side offsets select the rows: no host read of ``ends``, so a captured graph replays
+    the routing of each step (a host loop would freeze the capture's partition), and eager and
+    graph runs compute it alike. G times the arithmetic: never the timed bf16 path."""
     cpu = x.device.type == "cpu"
     if hasattr(torch, "_grouped_mm") and (cpu or x.dtype == torch.bfloat16):
         b = w.transpose(-2, -1)
         return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
-    out, start = x.new_empty(x.shape[0], w.shape[1]), 0
-    for g, end in enumerate(ends.tolist()):
-        out[start:end] = x[start:end] @ w[g].t()
-        start = end
+    row = torch.arange(x.shape[0], device=x.device)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    for g in range(w.shape[0]):
+        inside = ((row >= starts[g]) & (row < ends[g]))[:, None]
+        out = torch.where(inside, x @ w[g].t(), out)
     return out
 
 
