@@ -52,7 +52,9 @@ class FlopCache:
         key = (id(engine.model), inputs, kernel, plan.graph_size, plan.replays, plan.kept_lens)
         if key not in self.counts:
             self.counts[key] = count_flops(
-                lambda: engine.eager_equivalent(inputs.requests, inputs.step_tokens)
+                lambda: engine.eager_equivalent(
+                    inputs.requests, inputs.step_tokens, inputs.cache_indices
+                )
             )
         return self.counts[key]
 
@@ -75,7 +77,9 @@ def measure_paths(
         timer = RegionTimer(device) if name == "replay" and settings.breakdown else None
 
         def step(engine=engine, timer=timer):
-            return engine.step(inputs.requests, inputs.step_tokens, timer=timer)
+            return engine.step(
+                inputs.requests, inputs.step_tokens, inputs.cache_indices, timer=timer
+            )
 
         def timed(step=step, name=name):
             timings[name] = time_fn(
