@@ -162,6 +162,9 @@ class RunResults(_Strict):
         outcomes = {case.outcome() for case in self.cases}
         if not self.cases or "error" in outcomes:
             return "error"
+        checks = [c for case in self.cases for c in case.checks]
+        if checks and all(c.mode == "info" for c in checks):
+            return "error"  # every check was informational: nothing was compared
         return "fail" if "fail" in outcomes else "pass"
 
     def counts(self) -> dict[str, int]:
@@ -174,8 +177,13 @@ class RunResults(_Strict):
             "failed": outcomes.count("fail"),
             "errors": outcomes.count("error"),
             "checks": len(checks),
-            "checks_passed": sum(c.passed for c in checks),
+            "checks_passed": sum(c.passed and c.mode != "info" for c in checks),
             "checks_failed": sum(not c.passed for c in checks),
+            "checks_info": sum(c.passed and c.mode == "info" for c in checks),
+            "cases_unverified": sum(
+                bool(case.checks) and all(c.mode == "info" for c in case.checks)
+                for case in self.cases
+            ),
         }
 
 

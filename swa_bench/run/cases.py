@@ -16,7 +16,7 @@ import torch
 
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.checks import equivalence
-from swa_bench.checks.approximation import approximation, check_bounds
+from swa_bench.checks.approximation import approximation, check_bounds, check_first_decoder_kv
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
@@ -136,12 +136,14 @@ class CaseRunner:
                 a = sc.checks.approximation
                 result.approximation = approximation(
                     model, inputs, continuation_steps=sc.continuation_steps(),
-                    halo_align=sc.halo_align,
+                    halo_align=sc.halo_align, policy=sc.policy,
                 )
+                result.checks.append(check_first_decoder_kv(
+                    model, inputs, halo_align=sc.halo_align, policy=sc.policy))
                 result.checks.append(check_bounds(
                     result.approximation, max_logits_abs_error=a.max_logits_abs_error,
                     min_top1_agreement=a.min_top1_agreement,
-                    min_greedy_agreement=a.min_greedy_agreement,
+                    min_greedy_agreement=a.min_greedy_agreement, policy=sc.policy,
                 ))
             if timing and sc.timing.enabled:
                 self.measure(case, model, inputs, result)
