@@ -171,6 +171,7 @@ def check_e1(
     decode_steps: int,
     rtol: float | None = None,
     atol: float | None = None,
+    tol: Tolerance | None = None,
     engine: Engine | None = None,
 ) -> CheckResult:
     """Replay == the bounded reference, in the case's graph mode.
@@ -178,7 +179,10 @@ def check_e1(
     Bitwise against the oracle's forward: the route, kept rows and window starts, every row's
     streams (zeros at trimmed rows), the logits and every cache, then ``decode_steps`` decode
     steps. Within the envelope: the oracle's kept rows, logits and caches against the full-batch
-    bounded reference (decoder windows cut at the oracle's kept starts)."""
+    bounded reference (decoder windows cut at the oracle's kept starts). ``tol`` sets both
+    rtol and atol of that comparison (default: the envelope)."""
+    if tol is not None:
+        rtol, atol = tol.rtol, tol.atol
     policy = "bounded" if config.policy == "full" else config.policy
     config = dataclasses.replace(config, policy=policy)
     dtype = model.embed.weight.dtype
@@ -234,11 +238,14 @@ def check_e2(
     *,
     rtol: float | None = None,
     atol: float | None = None,
+    tol: Tolerance | None = None,
     engine: Engine | None = None,
 ) -> CheckResult:
     """Halo replay == the full prefill, in the case's graph mode: bitwise against the oracle's
     halo forward (rows, starts, streams, logits, caches), whose last-token logits and decoder
     rings' last W slots equal the full prefill's within the envelope."""
+    if tol is not None:
+        rtol, atol = tol.rtol, tol.atol
     config = dataclasses.replace(config, policy="halo")
     dtype = model.embed.weight.dtype
     with check_precision():
