@@ -29,6 +29,19 @@ def approximation(
     """Replay under ``policy`` (the case's) against the full prefill: last-token logits, window
     KV per decoder layer (error vs depth), and greedy continuations over ``continuation_steps``
     decode steps."""
+    return measure(model, workload, continuation_steps=continuation_steps,
+                   halo_align=halo_align, policy=policy)[0]
+
+
+def measure(
+    model: Transformer,
+    workload: StepInputs,
+    *,
+    continuation_steps: int,
+    halo_align: int = 1,
+    policy: str = "bounded",
+) -> tuple[Approximation, CheckResult]:
+    """``approximation`` and ``check_first_decoder_kv`` from one pair of runs."""
     bounded, full = engines(
         model,
         workload,
@@ -38,6 +51,7 @@ def approximation(
     idx = workload.cache_indices
     out = bounded.step(workload.requests, workload.step_tokens, idx)
     ref = full.reference_step(workload.requests, workload.step_tokens, idx)
+    first_kv = _first_decoder_kv(bounded, full, workload, policy, halo_align)
     a, b = _last_rows(out).double(), _last_rows(ref).double()
     log_p, log_q = torch.log_softmax(b, -1), torch.log_softmax(a, -1)
     kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
@@ -67,7 +81,7 @@ def approximation(
         window_kv_rel_error=rel,
         greedy_agreement=agree / total if total else 1.0,
         continuation_steps=continuation_steps,
-    )
+    ), first_kv
 
 
 def check_first_decoder_kv(
@@ -77,10 +91,6 @@ def check_first_decoder_kv(
     every request that keeps rows equals the full prefill's (layer S's outputs at kept rows are
     exact, its window read every row's KV), within the rounding envelope. The approximation
     starts one layer later; if it starts here, layer S ran on the wrong window or rows."""
-    args = model.args
-    if args.n_decoder_layers == 0:
-        return CheckResult(id="approximation.S+1", name="layer S+1 window KV exact",
-                           passed=True, mode="info", message="no decoder layer: nothing compared")
     replay, full = engines(
         model,
         workload,
@@ -90,8 +100,16 @@ def check_first_decoder_kv(
     idx = workload.cache_indices
     replay.step(workload.requests, workload.step_tokens, idx)
     full.reference_step(workload.requests, workload.step_tokens, idx)
+    return _first_decoder_kv(replay, full, workload, policy, halo_align)
+
+
+def _first_decoder_kv(replay, full, workload: StepInputs, policy: str, halo_align: int):
+    args = replay.args
+    if args.n_decoder_layers == 0:
+        return CheckResult(id="approximation.S+1", name="layer S+1 window KV exact",
+                           passed=True, mode="info", message="no decoder layer: nothing compared")
     layer = args.last_kv_source + 1
-    dtype = model.embed.weight.dtype
+    dtype = replay.model.embed.weight.dtype
     diags = []
     for r, ci in zip(workload.requests, workload.indices, strict=True):
         kept = oracle.kept_len(r, policy, args.window, args.n_decoder_layers, halo_align)
