@@ -50,3 +50,14 @@ def test_explicit_cache_order_is_checked():
     assert any(p.startswith("workload.cache_order") for p in problems(bad))
     good = "workload: {requests: [{prompt_len: 9, repeat: 2}], cache_order: [5, 2]}\n"
     assert problems(good) == []
+
+
+def test_info_is_not_a_pass():
+    from tests.report.synthetic import synthetic_run
+
+    run = synthetic_run(failing=False, error=False)
+    for case in run.cases:
+        case.checks = [c.model_copy(update={"mode": "info"}) for c in case.checks]
+    counts = run.counts()
+    assert counts["checks_passed"] == 0 and counts["checks_info"] == counts["checks"]
+    assert run.verdict() == "error"  # nothing was compared
