@@ -52,7 +52,9 @@ class FlopCache:
         key = (id(engine.model), inputs, kernel, plan.graph_size, plan.replays, plan.kept_lens)
         if key not in self.counts:
             self.counts[key] = count_flops(
-                lambda: engine.eager_equivalent(inputs.requests, inputs.step_tokens)
+                lambda: engine.eager_equivalent(
+                    inputs.requests, inputs.step_tokens, inputs.cache_indices
+                )
             )
         return self.counts[key]
 
@@ -76,7 +78,7 @@ def measure_paths(
     timer = RegionTimer(device) if settings.breakdown else None
     steps = {
         name: (lambda e=engine, t=(timer if name == "replay" else None):
-               e.step(inputs.requests, inputs.step_tokens, timer=t))
+               e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices, timer=t))
         for name, engine in engines.items()
     }
     if device.type == "cuda":

@@ -19,14 +19,30 @@ from swa_bench.model.requests import RequestSpec
 class StepInputs:
     requests: tuple[RequestSpec, ...]
     sequences: tuple[tuple[int, ...], ...]  # every request's tokens up to its seq_len
+    # Each request's cache slot; None: its batch position. A serving engine's slots follow
+    # admission order, not batch order, so checks also run with them permuted.
+    cache_indices: tuple[int, ...] | None = None
 
     @classmethod
-    def seeded(cls, requests: Sequence[RequestSpec], vocab: int, seed: int) -> StepInputs:
+    def seeded(
+        cls,
+        requests: Sequence[RequestSpec],
+        vocab: int,
+        seed: int,
+        cache_indices: Sequence[int] | None = None,
+    ) -> StepInputs:
         g = torch.Generator().manual_seed(seed)
         seqs = tuple(
             tuple(torch.randint(0, vocab, (r.seq_len,), generator=g).tolist()) for r in requests
         )
-        return cls(tuple(requests), seqs)
+        return cls(tuple(requests), seqs, None if cache_indices is None else tuple(cache_indices))
+
+    @property
+    def indices(self) -> list[int]:
+        """Each request's cache index."""
+        if self.cache_indices is None:
+            return list(range(len(self.requests)))
+        return list(self.cache_indices)
 
     @property
     def step_tokens(self) -> list[list[int]]:
@@ -43,7 +59,7 @@ class StepInputs:
     def fill_context(self, engine: Engine) -> None:
         """Runs every request's context (positions below context_len) as a reference prefill, so
         caches hold what earlier steps (a prefix hit, earlier chunks, a prompt) left."""
-        for i, (r, seq) in enumerate(zip(self.requests, self.sequences, strict=True)):
+        for i, r, seq in zip(self.indices, self.requests, self.sequences, strict=True):
             if r.context_len:
                 warm = RequestSpec(prompt_len=r.context_len)
                 engine.reference_step([warm], [list(seq[: r.context_len])], [i])

@@ -7,15 +7,17 @@ recorded as an error and the sweep goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import traceback
+from collections.abc import Iterator
 
 import torch
 
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.checks import equivalence
-from swa_bench.checks.approximation import approximation, check_bounds
+from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
@@ -89,25 +91,35 @@ class CaseRunner:
         return self.engines[config.reference()], self.engines[config]
 
     def run_checks(self, case: Case, model: Transformer, inputs: StepInputs) -> list[CheckResult]:
+        return list(self.iter_checks(case, model, inputs))
+
+    def iter_checks(
+        self, case: Case, model: Transformer, inputs: StepInputs
+    ) -> Iterator[CheckResult]:
+        """E1-E5 one by one, each run when asked for. E1, E2 and E5 run the engine of the case's
+        configuration (its graph mode too) against the oracle; E3 compares its graphs with eager
+        at their padded shapes."""
         sc, cfg, config = case.scenario, case.scenario.checks, engine_config(case)
         dtype = DTYPES[sc.dtype]
-        out = []
+        graphs = sc.graph_mode != "eager"
         if cfg.e1.enabled:
-            tol = Tolerance.for_dtype(dtype, cfg.e1.rtol, cfg.e1.atol)
-            out.append(equivalence.check_e1(model, inputs, config,
-                                            decode_steps=2 * model.args.window, tol=tol))
+            engine = self.engine_pair(model, config)[1] if graphs else None
+            yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
+                                       rtol=cfg.e1.rtol, atol=cfg.e1.atol, engine=engine)
         if cfg.e2.enabled:
-            tol = Tolerance.for_dtype(dtype, cfg.e2.rtol, cfg.e2.atol)
-            out.append(equivalence.check_e2(model, inputs, config, tol=tol))
+            halo = dataclasses.replace(config, policy="halo")
+            engine = self.engine_pair(model, halo)[1] if graphs else None
+            yield equivalence.check_e2(model, inputs, config, rtol=cfg.e2.rtol,
+                                       atol=cfg.e2.atol, engine=engine)
         if cfg.e3.enabled:
-            engine = self.engine_pair(model, config)[1] if sc.graph_mode != "eager" else None
-            out.append(equivalence.check_e3(model, inputs, config, engine=engine))
+            engine = self.engine_pair(model, config)[1] if graphs else None
+            yield equivalence.check_e3(model, inputs, config, engine=engine)
         if cfg.e4.enabled:
             tol = Tolerance.for_dtype(dtype, cfg.e4.rtol, cfg.e4.atol)
-            out.append(equivalence.check_e4(model, inputs, tol=tol))
+            yield equivalence.check_e4(model, inputs, tol=tol)
         if cfg.e5.enabled:
-            out.append(equivalence.check_e5(model, inputs, config))
-        return out
+            engine = self.engine_pair(model, config)[1] if graphs else None
+            yield equivalence.check_e5(model, inputs, config, engine=engine)
 
     def run_case(self, case: Case, *, timing: bool = True) -> CaseResult:
         sc = case.scenario
@@ -119,21 +131,22 @@ class CaseRunner:
         )
         try:
             model = self.model(case)
-            inputs = StepInputs.seeded(case.requests(), model.args.vocab_size, seed=sc.seed)
+            requests = case.requests()
+            indices = sc.workload.cache_indices(len(requests), model.args.max_requests, sc.seed)
+            inputs = StepInputs.seeded(requests, model.args.vocab_size, sc.seed, indices)
             result.batch, result.batch_shape = inputs.describe(), inputs.shape()
             result.checks = self.run_checks(case, model, inputs)
             if sc.checks.approximation.enabled:
                 a = sc.checks.approximation
-                result.approximation = approximation(
+                result.approximation, first_kv = measure(
                     model, inputs, continuation_steps=sc.continuation_steps(),
-                    halo_align=sc.halo_align,
-                    # the reference has no approximation of its own: a full case reports bounded
-                    policy=sc.policy if sc.policy != "full" else "bounded",
+                    halo_align=sc.halo_align, policy=sc.policy,
                 )
+                result.checks.append(first_kv)
                 result.checks.append(check_bounds(
                     result.approximation, max_logits_abs_error=a.max_logits_abs_error,
                     min_top1_agreement=a.min_top1_agreement,
-                    min_greedy_agreement=a.min_greedy_agreement,
+                    min_greedy_agreement=a.min_greedy_agreement, policy=sc.policy,
                 ))
             if timing and sc.timing.enabled:
                 self.measure(case, model, inputs, result)

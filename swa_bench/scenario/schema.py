@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import random
 import typing
 from functools import cache
 from pathlib import Path
@@ -152,10 +153,23 @@ class Workload(_Strict):
 
     requests: list[RequestEntry] = Field(default_factory=list)
     generators: list[RequestGenerator] = Field(default_factory=list)
+    # Cache slot of each request: its batch position, the highest slots in reverse, a seeded
+    # permutation of every slot, or explicit indices (a serving engine's slots are not batch order).
+    cache_order: Literal["sequential", "reversed", "shuffled"] | list[NonNegativeInt] = "sequential"
 
     def specs(self) -> list[RequestSpec]:
         out = [spec for entry in self.requests for spec in entry.specs()]
         return out + [spec for gen in self.generators for spec in gen.specs()]
+
+    def cache_indices(self, num: int, max_requests: int, seed: int) -> list[int] | None:
+        """Each request's cache index; None for batch order."""
+        if isinstance(self.cache_order, list):
+            return list(self.cache_order)
+        if self.cache_order == "reversed":
+            return [max_requests - 1 - i for i in range(num)]
+        if self.cache_order == "shuffled":
+            return random.Random(seed).sample(range(max_requests), num)
+        return None
 
 
 class ToleranceCheck(_Strict):
@@ -341,6 +355,30 @@ class Scenario(_Strict):
         elif total > args.max_requests:
             out.append((("workload",), f"{total} requests exceed the model's max_requests="
                                        f"{args.max_requests}"))
+        order = self.workload.cache_order
+        if isinstance(order, list) and (len(order) != total or len(set(order)) != len(order)
+                                        or any(i >= args.max_requests for i in order)):
+            out.append((("workload", "cache_order"), f"needs {total} distinct indices below "
+                                                     f"max_requests={args.max_requests}"))
+        out += self._decode_reserve_problems(args)
+        return out
+
+    def _decode_reserve_problems(self, args: ModelArgs) -> list[Problem]:
+        """E1 and the continuation decode 2W (resp. K) tokens after each request's step."""
+        reserve = 2 * args.window if self.checks.e1.enabled else 0
+        if self.checks.approximation.enabled:
+            reserve = max(reserve, self.continuation_steps())
+        if not reserve:
+            return []
+        out: list[Problem] = []
+        for kind, entries in (("requests", self.workload.requests),
+                              ("generators", self.workload.generators)):
+            for i, entry in enumerate(entries):
+                longest = max((r.seq_len for r in entry.specs()), default=0)
+                if longest + reserve > args.max_seq_len:
+                    out.append((("workload", kind, i, "prompt_len"),
+                                f"reaches length {longest}; the checks decode {reserve} more "
+                                f"tokens, above max_seq_len={args.max_seq_len}"))
         return out
 
 

@@ -1,0 +1,305 @@
+"""An independent oracle of bounded replay: the SPEC's rules written a second time, naively.
+
+The checks must not grade the replay code with the replay code: if E1's reference took its kept
+rows and window starts from ``swa_bench.replay``, a wrong rule would move both sides together and
+every check would pass. So this module restates SPEC sections 2 and 4 from the text alone (it
+imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test enforces that):
+
+* ``kept_len``/``expect_step``: which rows each request keeps under every policy, where its
+  windows start, whether the step trims, which route it takes (graph size, replay batch or not,
+  attention backend) given the graph mode and thresholds;
+* ``oracle_forward``: the same step run through the model with metadata, gather and scatter built
+  here, at the padded shape and backend the oracle expects. When the engine is right it runs the
+  same kernels on the same shapes as the engine, so the two agree **bitwise**; a selection,
+  gather, scatter or routing bug shows as a mismatch whatever the dtype;
+* ``bounded_reference_metadata``: the full-batch bounded reference of SPEC E1 (decoder windows
+  masked below the oracle's kept starts, decoder ring writes only from kept rows), whose distance
+  to ``oracle_forward`` is the rounding envelope of two batch compositions of one function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
+from swa_bench.model.forward_context import BatchDescriptor, ForwardContext, set_forward_context
+from swa_bench.model.requests import RequestSpec
+
+if TYPE_CHECKING:
+    from swa_bench.engine.engine import Engine
+
+ORACLE_POLICIES = ("full", "bounded", "halo", "final_window", "tail")
+TAIL_EXTRA = 5  # ROCm ATOM keeps W + 5 rows: room for 5 speculative tokens
+
+
+def halo_rows(window: int, decoder_layers: int, align: int = 1) -> int:
+    """H = W + (D - 1)(W - 1) rounded up to ``align``: D window layers, each but the first
+    widening the backward dependency cone of the last W positions by W - 1 rows."""
+    exact = window + (decoder_layers - 1) * (window - 1) if decoder_layers > 0 else window
+    return -(-exact // align) * align
+
+
+def kept_len(
+    r: RequestSpec, policy: str, window: int, decoder_layers: int, halo_align: int = 1
+) -> int:
+    """Rows of this step the request keeps (SPEC section 2 and the issue's policy list)."""
+    q = r.query_len
+    if policy == "full" or r.decode or r.prompt_logprobs:
+        return q
+    if policy == "bounded":
+        return min(q, window)
+    if policy == "halo":
+        return min(q, halo_rows(window, decoder_layers, halo_align))
+    if policy == "final_window":
+        ends_prompt = r.cached_len + q >= r.prompt_len
+        return min(q, window) if ends_prompt else 0
+    if policy == "tail":
+        return min(q, window + TAIL_EXTRA)
+    raise ValueError(f"the oracle knows no policy {policy!r}")
+
+
+def batch_start(r: RequestSpec, window: int) -> int:
+    """``replay_start``: 0 cold; context_len - W after a prefix hit or earlier chunks."""
+    return max(0, r.context_len - window)
+
+
+def kept_start(r: RequestSpec, kept: int, window: int) -> int:
+    """``kept_kv_start``: the batch start when the request keeps every row, else
+    max(batch start, seq_len - kept) (seq_len when it keeps none)."""
+    if kept >= r.query_len:
+        return batch_start(r, window)
+    return max(batch_start(r, window), r.seq_len - kept)
+
+
+def smallest_capture_size(tokens: int, sizes: Sequence[int]) -> int | None:
+    fitting = [s for s in sizes if s >= tokens]
+    return min(fitting) if fitting else None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the SPEC says a step does. ``kept_lens`` are the policy's, whatever the route;
+    ``rows`` are the replay batch's batch rows (empty when the decoder runs on every row)."""
+
+    graph_size: int | None
+    replays: bool
+    backend: str
+    kept_lens: tuple[int, ...]
+    rows: tuple[int, ...]
+    batch_starts: tuple[int, ...]
+    kept_starts: tuple[int, ...]
+    num_tokens: int
+    reason: str
+
+    @property
+    def trims(self) -> bool:
+        return sum(self.kept_lens) < self.num_tokens
+
+    @property
+    def window_starts(self) -> tuple[int, ...]:
+        """Where the decoder layers' windows start on the route taken."""
+        return self.kept_starts if self.replays else self.batch_starts
+
+    @property
+    def kept_rows(self) -> tuple[int, ...]:
+        """Rows whose decoder outputs count: every row unless the step replays."""
+        return self.rows if self.replays else tuple(range(self.num_tokens))
+
+
+def expect_step(
+    requests: Sequence[RequestSpec],
+    *,
+    policy: str,
+    graph_mode: str,
+    window: int,
+    decoder_layers: int,
+    max_logit_rows: int,
+    capture_sizes: Sequence[int] = (),
+    trim_threshold: int | None = None,
+    eager_trim_threshold: int = 0,
+    halo_align: int = 1,
+) -> Expected:
+    """The step as SPEC sections 2 and 4 describe it."""
+    query = [r.query_len for r in requests]
+    tokens = sum(query)
+    kept = [kept_len(r, policy, window, decoder_layers, halo_align) for r in requests]
+    trims = any(k < q for k, q in zip(kept, query, strict=True))
+    logit_rows = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    size = None
+    if graph_mode != "eager" and logit_rows <= max_logit_rows:
+        size = smallest_capture_size(tokens, capture_sizes)
+    threshold = window + 1 if trim_threshold is None else trim_threshold
+    if policy == "full":
+        replays, reason = False, "policy full"
+    elif size is not None and graph_mode == "full":
+        replays, reason = False, "FULL graph: nothing trims"
+    elif size is not None:
+        replays = size >= threshold
+        reason = f"PIECEWISE graph {size} {'>=' if replays else '<'} trim_threshold {threshold}"
+    elif tokens < eager_trim_threshold:
+        replays, reason = False, f"eager step below eager_trim_threshold {eager_trim_threshold}"
+    else:
+        replays = trims
+        reason = "eager: some request loses rows" if trims else "eager: nothing to trim"
+    rows: list[int] = []
+    start = 0
+    for q, k in zip(query, kept, strict=True):
+        if replays:
+            rows += list(range(start + q - k, start + q))
+        start += q
+    return Expected(
+        graph_size=size,
+        replays=replays,
+        backend="static" if size is not None and graph_mode == "full" else "varlen",
+        kept_lens=tuple(kept),
+        rows=tuple(rows),
+        batch_starts=tuple(batch_start(r, window) for r in requests),
+        kept_starts=tuple(kept_start(r, k, window) for r, k in zip(requests, kept, strict=True)),
+        num_tokens=tokens,
+        reason=reason,
+    )
+
+
+def expect_for(engine: Engine, requests: Sequence[RequestSpec]) -> Expected:
+    """``expect_step`` with an engine's configuration and model sizes."""
+    c, args = engine.config, engine.args
+    return expect_step(
+        requests,
+        policy=c.policy,
+        graph_mode=c.graph_mode,
+        window=args.window,
+        decoder_layers=args.n_decoder_layers,
+        max_logit_rows=engine.logit_slots,
+        capture_sizes=c.capture_sizes or (),
+        trim_threshold=c.trim_threshold,
+        eager_trim_threshold=c.eager_trim_threshold,
+        halo_align=c.halo_align,
+    )
+
+
+# --- the step through the model, with the oracle's rows and metadata --------------------------
+
+
+def _kept_layouts(step: StepBatch, exp: Expected) -> list[RequestLayout]:
+    out, start = [], 0
+    for lay, k, ks in zip(step.metadata.layouts, exp.kept_lens, exp.kept_starts, strict=True):
+        first = lay.seq_len - k
+        out.append(RequestLayout(
+            cache_index=lay.cache_index, q_start=start, q_len=k, q_first_pos=first,
+            kv_start=start, kv_len=k, kv_first_pos=first, window_start=ks,
+            seq_len=lay.seq_len,
+        ))
+        start += k
+    return out
+
+
+def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs) -> ForwardContext:
+    """The context the rest of S and the decoder run under on the kept rows: decoder layers see
+    the kept rows as their keys, window starts at the kept starts; layer S's queries are the kept
+    rows but its keys are every batch row (it wrote KV for all), window starts at the batch's."""
+    kept = _kept_layouts(step, exp)
+    n = len(exp.rows)
+    device = step.input_ids.device
+    decoder = make_metadata(kept, num_q_rows=n, num_kv_rows=n, args=args, device=device)
+    first = [
+        replace(b, q_start=k.q_start, q_len=k.q_len, q_first_pos=k.q_first_pos)
+        for b, k in zip(step.metadata.layouts, kept, strict=True)
+    ]
+    s_meta = make_metadata(
+        first, num_q_rows=n, num_kv_rows=step.num_padded, args=args, device=device
+    )
+    return ForwardContext(
+        attn_metadata=decoder,
+        logits_indices=torch.zeros(0, dtype=torch.long, device=device),
+        batch_descriptor=BatchDescriptor(n),
+        layer_metadata={args.last_kv_source: s_meta},
+    )
+
+
+@contextlib.contextmanager
+def _route(model, rows: torch.Tensor | None, ctx: ForwardContext | None) -> Iterator[None]:
+    """Replaces the model's replay-layer route for one forward: the model's own whole-batch
+    layers, or gather -> those layers under ``ctx`` -> scatter with zeros at trimmed rows."""
+    installed = model.replay_layers
+
+    def whole(kv_s, *inputs):
+        return model.run_replay_layers(kv_s, *inputs)
+
+    def kept(kv_s, *inputs):
+        picked = [None if t is None else t.index_select(0, rows) for t in inputs]
+        with set_forward_context(ctx):
+            outs = model.run_replay_layers(kv_s, *picked)
+        return tuple(
+            o.new_zeros((kv_s.shape[0], *o.shape[1:])).index_copy_(0, rows, o) for o in outs
+        )
+
+    model.replay_layers = whole if rows is None else kept
+    try:
+        yield
+    finally:
+        model.replay_layers = installed
+
+
+@dataclass
+class OracleOutput:
+    logits: torch.Tensor
+    streams: tuple[torch.Tensor, ...]
+    step: StepBatch
+    expected: Expected
+
+
+def oracle_forward(
+    engine: Engine,
+    requests: Sequence[RequestSpec],
+    tokens: Sequence[Sequence[int]],
+    cache_indices: Sequence[int] | None,
+    expected: Expected,
+) -> OracleOutput:
+    """The step on ``engine``'s model and cache as ``expected`` says it runs: eagerly at its
+    padded shape and attention backend (a graph replays exactly these kernels), with the oracle's
+    kept rows and window starts. Only the model's packing (``Engine.prepare``) is shared."""
+    model = engine.model
+    model.attach_cache(engine.cache)
+    step = engine.prepare(requests, tokens, cache_indices, pad_to=expected.graph_size)
+    ctx = ForwardContext(
+        attn_metadata=step.metadata,
+        logits_indices=step.logits_indices,
+        batch_descriptor=BatchDescriptor(step.num_padded),
+        attention_backend=expected.backend,
+    )
+    rows = kept_ctx = None
+    if expected.replays:
+        rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
+        kept_ctx = kept_row_context(step, expected, engine.args)
+    with _route(model, rows, kept_ctx), torch.inference_mode(), set_forward_context(ctx):
+        logits, streams = model(step.input_ids)
+    return OracleOutput(
+        logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step, expected
+    )
+
+
+def bounded_reference_metadata(
+    step: StepBatch, exp: Expected, args: ModelArgs
+) -> dict[int, AttentionMetadata]:
+    """Decoder-layer metadata of the full-batch bounded reference (SPEC E1): every row, windows
+    masked below the oracle's kept starts, ring slots written only by kept rows. Layer S keeps the
+    batch metadata. For ``Engine.reference_step(layer_metadata=...)`` on an unpadded step."""
+    layouts = [
+        replace(lay, window_start=ks)
+        for lay, ks in zip(step.metadata.layouts, exp.window_starts, strict=True)
+    ]
+    meta = make_metadata(
+        layouts, num_q_rows=step.num_padded, num_kv_rows=step.num_padded, args=args,
+        device=step.input_ids.device, num_request_slots=step.metadata.window_start.shape[0],
+    )
+    keep = torch.zeros(step.num_padded, dtype=torch.bool)
+    keep[list(exp.kept_rows)] = True
+    trash = args.max_requests * args.window
+    meta.ring_slot = torch.where(keep.to(meta.ring_slot.device), meta.ring_slot, trash)
+    return {layer: meta for layer in range(args.last_kv_source + 1, args.n_layers)}

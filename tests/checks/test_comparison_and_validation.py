@@ -1,0 +1,63 @@
+"""NaN and Inf fail every comparison; validation reserves the checks' decode positions and
+checks explicit cache indices."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from swa_bench.checks.comparison import Tolerance, compare, envelope_ratio, envelope_tolerance
+from swa_bench.scenario import scenario_from_text
+
+TOL = Tolerance(1.3e-6, 1e-5)
+
+
+def test_nan_and_inf_are_mismatches():
+    nan = torch.tensor([1.0, math.nan])
+    assert compare("t", nan, nan.clone(), TOL) is not None
+    assert compare("t", nan, nan.clone(), None) is not None
+    inf = torch.tensor([math.inf, 1.0])
+    assert compare("t", inf, inf.clone(), TOL) is not None
+    assert compare("t", torch.ones(3), torch.ones(3), TOL) is None
+
+
+def test_envelope_scales_with_the_tensor():
+    truth = torch.full((10,), 10.0)
+    tol = envelope_tolerance(truth, torch.float32)
+    assert tol.atol > 1e-5 and tol.rtol == 1.3e-6
+    assert envelope_ratio(truth + tol.atol / 2, truth, tol) < 1
+    assert compare("t", truth + 1.0, truth, tol) is not None  # an O(1) error is no rounding
+
+
+def problems(extra: str) -> list[str]:
+    text = f"name: t\nmodel: {{preset: tiny}}\n{extra}"
+    return [".".join(map(str, loc)) + ": " + msg for loc, msg in
+            scenario_from_text(text).problems()]
+
+
+def test_decode_positions_are_reserved():
+    # tiny: max_seq_len 256, W 8: E1 decodes 2W = 16 tokens after the step
+    out = problems("workload: {requests: [{prompt_len: 250}]}\n")
+    assert any(p.startswith("workload.requests.0.prompt_len") and "16 more" in p for p in out)
+    assert problems("workload: {requests: [{prompt_len: 240}]}\n") == []
+    off = "checks: {e1: {enabled: false}}\nworkload: {requests: [{prompt_len: 250}]}\n"
+    assert problems(off) == []
+
+
+def test_explicit_cache_order_is_checked():
+    bad = "workload: {requests: [{prompt_len: 9, repeat: 2}], cache_order: [3, 3]}\n"
+    assert any(p.startswith("workload.cache_order") for p in problems(bad))
+    good = "workload: {requests: [{prompt_len: 9, repeat: 2}], cache_order: [5, 2]}\n"
+    assert problems(good) == []
+
+
+def test_info_is_not_a_pass():
+    from tests.report.synthetic import synthetic_run
+
+    run = synthetic_run(failing=False, error=False)
+    for case in run.cases:
+        case.checks = [c.model_copy(update={"mode": "info"}) for c in case.checks]
+    counts = run.counts()
+    assert counts["checks_passed"] == 0 and counts["checks_info"] == counts["checks"]
+    assert run.verdict() == "unverified"  # nothing was compared
