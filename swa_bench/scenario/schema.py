@@ -360,7 +360,8 @@ class Scenario(_Strict):
                                         or any(i >= args.max_requests for i in order)):
             out.append((("workload", "cache_order"), f"needs {total} distinct indices below "
                                                      f"max_requests={args.max_requests}"))
-        out += self._decode_reserve_problems(args)
+        if not out:  # the entries' own rules hold, so they build their requests
+            out += self._decode_reserve_problems(args)
         return out
 
     def _decode_reserve_problems(self, args: ModelArgs) -> list[Problem]:

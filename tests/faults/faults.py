@@ -15,7 +15,7 @@ import torch
 import swa_bench.engine.dispatch as dispatch
 import swa_bench.engine.engine as engine_mod
 import swa_bench.graphs.capture as capture
-import swa_bench.model.attention as attention
+import swa_bench.model.sparse_attention as sparse_attention
 import swa_bench.replay.replay_batch as replay_batch
 import swa_bench.replay.replay_layers as replay_layers
 import swa_bench.replay.row_selection as row_selection
@@ -23,9 +23,13 @@ from swa_bench.model.forward_context import get_forward_context, region, set_for
 from swa_bench.model.graph_breaks import eager_break
 
 SMOKE, COVERAGE = "scenarios/smoke.yaml", "scenarios/coverage.yaml"
-# Case indices: smoke's grid is graph_mode x policy; coverage's zip is listed in its file.
-EAGER_BOUNDED, EAGER_HALO, PIECEWISE_BOUNDED, FULL_BOUNDED = 0, 1, 2, 4
-COV_EAGER, COV_PIECEWISE_AT_THRESHOLD, COV_HALO_ALIGNED, COV_EAGER_THRESHOLD = 0, 1, 3, 6
+# Cases by label, so a reordered sweep cannot point a fault at a case it does not reach.
+EAGER_BOUNDED, EAGER_HALO = "eager/bounded/T=95", "eager/halo/T=95"
+PIECEWISE_BOUNDED, FULL_BOUNDED = "piecewise/bounded/T=95", "full/bounded/T=95"
+COV_EAGER = "eager/bounded/T=87/halo_align=1/eager_trim_threshold=0/n_layers=8"
+COV_PIECEWISE_AT_THRESHOLD = "piecewise/bounded/T=87/halo_align=1/eager_trim_threshold=0/n_layers=8"
+COV_HALO_ALIGNED = "eager/halo/T=87/halo_align=4/eager_trim_threshold=0/n_layers=8"
+COV_EAGER_THRESHOLD = "eager/bounded/T=87/halo_align=1/eager_trim_threshold=96/n_layers=8"
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Fault:
     name: str
     breaks: str
     apply: Callable  # (monkeypatch) -> None
-    case: tuple[str, int]
+    case: tuple[str, str]  # (scenario file, case label)
 
 
 def _kept_len_fault(rule):
@@ -182,14 +186,15 @@ def _full_graph_stale(mp):
 
 
 def _indexer_wrong_rows(mp):
-    real = attention.top_k_mask
+    """On the replay batch, each query row is given its neighbour's index scores."""
+    real = sparse_attention.select_top_k
 
-    def top_k_mask(q, weights, keys, visible, top_k):
-        if get_forward_context().logits_indices.numel() == 0 and q.shape[0] > 1:
-            q, weights = q.roll(1, 0), weights.roll(1, 0)
-        return real(q, weights, keys, visible, top_k)
+    def select_top_k(scores, visible, top_k):
+        if get_forward_context().logits_indices.numel() == 0 and scores.shape[0] > 1:
+            scores = scores.roll(1, 0)
+        return real(scores, visible, top_k)
 
-    mp.setattr(attention, "top_k_mask", top_k_mask)
+    mp.setattr(sparse_attention, "select_top_k", select_top_k)
 
 
 def _layer_s_kept_starts(rb, step, args):

@@ -19,10 +19,10 @@ def _cases(path: str):
     return expand_cases(load_scenario(path))
 
 
-def run_case_checks(path: str, index: int) -> list[str]:
+def run_case_checks(path: str, label: str) -> list[str]:
     """The checks of one shipped case, as ``swa-bench check`` runs them, up to the first that
     fails: its id (``error`` when a check raised); empty when every check passed."""
-    case = _cases(path)[index]
+    (case,) = [c for c in _cases(path) if c.label() == label]
     runner = CaseRunner(case.scenario)
     model = runner.model(case)
     sc = case.scenario

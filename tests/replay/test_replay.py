@@ -52,7 +52,7 @@ def test_e1_replay_equals_bounded_reference(tiny_model, workload):
     w = tiny_model.args.window
     result = check_e1(tiny_model, workload, EngineConfig(), decode_steps=2 * w, tol=TOL)
     assert result.passed, result.message
-    assert result.mode == "tolerance" and "kept rows" in result.message
+    assert result.mode == "bitwise" and "kept rows" in result.message
 
 
 def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload):
