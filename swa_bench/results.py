@@ -117,6 +117,8 @@ class CaseResult(_Strict):
     checks: list[CheckResult] = []
     timing: CaseTiming | None = None
     flops: dict[str, int] = {}
+    achieved_tflops: dict[str, float] = {}  # each path's FLOPs over its median time
+    mfu: dict[str, float] = {}  # achieved / the device's GEMM rate measured in this run
     ideal_speedup: float | None = None
     speedup: float | None = None
     efficiency: float | None = None

@@ -50,13 +50,15 @@ def render_markdown(results: RunResults) -> str:
     if latency:
         out += ["## Latency", "",
                 md_table(["case", "tokens", "mode", "policy", "threshold", "reference ms",
-                          "replay ms", "speedup", "ideal", "efficiency", "checks"],
+                          "replay ms", "speedup", "ideal", "efficiency",
+                          "TFLOP/s ref / replay (MFU)", "checks"],
                          [(r.case, r.tokens, r.graph_mode, r.policy, r.trim_threshold,
                            r.reference_ms, r.replay_ms, r.speedup, r.ideal, r.efficiency,
-                           r.checks) for r in latency]),
+                           r.rates, r.checks) for r in latency]),
                 "", "Times are medians; ideal = FLOPs(reference) / FLOPs(replay); checks: "
                 "passed/judged, +Ni info results (measured, not judged); "
-                "efficiency = speedup / ideal.", ""]
+                "efficiency = speedup / ideal; MFU = achieved TFLOP/s / the device's GEMM "
+                "rate measured in this run (environment: gemm_tflops).", ""]
 
     advice = tables.advice_rows(results)
     if advice:

@@ -85,6 +85,7 @@ class LatencyRow:
     efficiency: str
     checks: str
     outcome: str
+    rates: str = MISSING  # "reference / replay TFLOP/s (MFU)"
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,21 @@ def latency_rows(results: RunResults) -> list[LatencyRow]:
             replay_ms=fmt_ms(timing.replay if timing else None),
             speedup=fmt_ratio(case.speedup), ideal=fmt_ratio(case.ideal_speedup),
             efficiency=fmt_share(case.efficiency), checks=checks_cell(case),
-            outcome=case.outcome()))
+            outcome=case.outcome(), rates=rates_cell(case)))
     return rows
+
+
+def rates_cell(case: CaseResult) -> str:
+    """Each path's achieved TFLOP/s and its share of the device's measured GEMM rate."""
+    if not case.achieved_tflops:
+        return MISSING
+    parts = []
+    for name in ("reference", "replay"):
+        rate, mfu = case.achieved_tflops.get(name), case.mfu.get(name)
+        if rate is None:
+            return MISSING
+        parts.append(f"{rate:.3g}" + ("" if mfu is None else f" ({mfu:.0%})"))
+    return " / ".join(parts)
 
 
 def approximation_rows(results: RunResults) -> list[ApproximationRow]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
+from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
 from swa_bench.checks import equivalence
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
@@ -60,6 +61,15 @@ class CaseRunner:
         self.models: dict[str, Transformer] = {}
         self.engines: dict[EngineConfig, Engine] = {}
         self.flops = FlopCache()
+        self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
+
+    def device_tflops(self, dtype: str, threads: int | None) -> float:
+        """This device's GEMM rate in ``dtype``, measured once per run: what MFU is against."""
+        if dtype not in self.gemm_tflops:
+            size = None if self.device.type == "cuda" else 512
+            self.gemm_tflops[dtype] = gemm_tflops(self.device, DTYPES[dtype], size=size,
+                                                  threads=threads)
+        return self.gemm_tflops[dtype]
 
     def model(self, case: Case) -> Transformer:
         sc = case.scenario
@@ -174,6 +184,10 @@ class CaseRunner:
         result.ideal_speedup = m.flops["reference"] / max(m.flops["replay"], 1)
         result.speedup = m.timing.reference.median_ms / m.timing.replay.median_ms
         result.efficiency = result.speedup / result.ideal_speedup
+        peak = self.device_tflops(case.scenario.dtype, t.threads)
+        for name, stats in (("reference", m.timing.reference), ("replay", m.timing.replay)):
+            result.achieved_tflops[name] = achieved_tflops(m.flops[name], stats.median_ms)
+            result.mfu[name] = result.achieved_tflops[name] / peak
         plan = m.plans["replay"]
         result.replay_route = plan.reason
         graphs = replay.graphs

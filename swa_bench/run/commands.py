@@ -110,6 +110,8 @@ def run_one(
             results.cases.sort(key=lambda c: c.index)
             save_results(run_dir, results)
             progress.advance(task)
+    if runner.gemm_tflops:
+        results.environment["gemm_tflops"] = runner.gemm_tflops
     results.threshold_advice = threshold_advice(results.cases, scenario.model_args().window)
     results.finished_at = _now()
     save_results(run_dir, results)

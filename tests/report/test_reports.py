@@ -50,7 +50,8 @@ def test_markdown_verdict_and_tables(run_results):
     assert len(failing) == 1 and failing[0][0] == "piecewise/halo/T=1024"
     assert "ring.layer3: 96/2048 mismatched" in failing[0][4] and "[1,7,30]" in failing[0][4]
     latency = _table(markdown, "Latency")
-    assert latency[0][:3] == ["case", "tokens", "mode"] and len(latency[0]) == 11
+    assert latency[0][:3] == ["case", "tokens", "mode"] and len(latency[0]) == 12
+    assert latency[0][10] == "TFLOP/s ref / replay (MFU)"
     assert len(latency) == 2 + 12
     eager_bounded = [row for row in latency if row[2] == "eager" and row[3] == "bounded"]
     assert [row[1] for row in eager_bounded] == ["64", "256", "1024"]

@@ -76,6 +76,11 @@ def test_results_json_validates_against_its_schema(scenario_file, tmp_path):
     case = raw["cases"][0]
     assert set(case["timing"]["breakdown_ms"]) == {"prepare", "gather", "layers", "scatter"}
     assert case["deterministic"]["kept_rows"] == 8 + 1  # the prefill keeps W rows, the decode 1
+    for path in ("reference", "replay"):  # each path's rate, and its share of the measured GEMM
+        rate = case["flops"][path] / (case["timing"][path]["median_ms"] * 1e-3) / 1e12
+        assert case["achieved_tflops"][path] == pytest.approx(rate)
+        peak = raw["environment"]["gemm_tflops"]["float32"]
+        assert case["mfu"][path] == pytest.approx(rate / peak)
 
 
 def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_path, monkeypatch):
