@@ -94,7 +94,8 @@ def test_shipped_scenarios_validate_and_dry_run(path):
     cases = expand_cases(load_scenario(path))
     result = runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"ok  {path}  ({len(cases)} cases)\n"
+    plural = "" if len(cases) == 1 else "s"
+    assert result.stdout == f"ok  {path}  ({len(cases)} case{plural})\n"
     result = runner.invoke(app, ["run", "--dry-run", str(path)])
     assert result.exit_code == 0, result.output
     for case in cases:
