@@ -47,6 +47,15 @@ class StepOutput:
     plan: StepPlan
     replay_batch: ReplayBatch | None
 
+    @classmethod
+    def unpadded(
+        cls, logits: torch.Tensor, streams: Streams, step: StepBatch, plan: StepPlan,
+        replay_batch: ReplayBatch | None,
+    ) -> StepOutput:
+        """The real rows of a padded forward's outputs (views: no copy)."""
+        return cls(logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step,
+                   plan, replay_batch)
+
 
 def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
     with torch.inference_mode(), set_forward_context(ctx):
@@ -142,13 +151,7 @@ class Engine:
         step = self.graphs.load(padded, plan.graph_size)
         ctx = self.forward_context(step, plan, timer)
         logits, streams = self.graphs.run(plan.graph_size, ctx)
-        return StepOutput(
-            logits[: step.num_logits],
-            tuple(s[: step.num_tokens] for s in streams),
-            step,
-            plan,
-            ctx.replay_batch,
-        )
+        return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
 
     def eager_equivalent(
         self,
@@ -167,13 +170,7 @@ class Engine:
         ctx = self.forward_context(step, plan)
         target.model.attach_cache(target.cache)
         logits, streams = run_forward(target.model, step, ctx)
-        return StepOutput(
-            logits[: step.num_logits],
-            tuple(s[: step.num_tokens] for s in streams),
-            step,
-            plan,
-            ctx.replay_batch,
-        )
+        return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
 
     def reference_step(
         self,
