@@ -76,9 +76,15 @@ def measure_paths(
         engine.capture()
     engines = {"reference": reference, "replay": replay}
     timer = RegionTimer(device) if settings.breakdown else None
+    plans: dict[str, StepPlan] = {}  # read from the timed steps' outputs, not planned again
+
+    def timed_step(name: str, engine: Engine, timer: RegionTimer | None) -> None:
+        out = engine.step(inputs.requests, inputs.step_tokens, inputs.cache_indices, timer=timer)
+        plans[name] = out.plan
+
     steps = {
-        name: (lambda e=engine, t=(timer if name == "replay" else None):
-               e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices, timer=t))
+        name: (lambda n=name, e=engine, t=(timer if name == "replay" else None):
+               timed_step(n, e, t))
         for name, engine in engines.items()
     }
     if device.type == "cuda":
@@ -96,7 +102,6 @@ def measure_paths(
         timings = time_interleaved(steps, warmup=settings.warmup, iters=settings.iters,
                                    threads=settings.threads)
         peaks = {name: measure_peak_memory(step, device) for name, step in steps.items()}
-    plans = {name: engine.plan(inputs.requests) for name, engine in engines.items()}
     breakdown = timer.summary() if timer is not None else {}
     flops = {name: flop_cache.count(engine, inputs, plans[name])
              for name, engine in (("reference", reference), ("replay", replay))}
