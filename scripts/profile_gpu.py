@@ -70,7 +70,8 @@ def main() -> None:
         for e in events:
             by_kind[kind(e.key)] += e.device_time_total
         (out / f"profile-{name}.txt").write_text(
-            prof.key_averages().table(sort_by="device_time_total", row_limit=60, max_name_column_width=90))
+            prof.key_averages().table(sort_by="device_time_total", row_limit=60,
+                                      max_name_column_width=90))
         lines.append(f"## {name}: {total / 1e3:.0f} ms of kernel time")
         for label, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {label:14s} {us / 1e3:9.1f} ms  {100 * us / total:5.1f}%")

@@ -26,6 +26,7 @@ from swa_bench.checks.comparison import (
     envelope_ratio,
     envelope_tolerance,
 )
+from swa_bench.checks.selection import SelectionComparison, compare_selections
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs, decode_requests
@@ -163,6 +164,29 @@ def _envelope(prefix: str, pairs, dtype: torch.dtype, rtol: float | None, atol: 
     return diags, ratio, max_abs
 
 
+def _truth(
+    pristine: Engine, workload: StepInputs, ora: oracle.OracleOutput, dtype: torch.dtype,
+    layer_metadata: dict | None = None, compared: dict[int, list[int]] | None = None,
+) -> tuple[StepOutput, Engine, SelectionComparison]:
+    """The full-batch truth of the oracle's step on a copy of ``pristine``'s caches. For a
+    sparse model its top-k selections are judged against the replay's (``checks.selection``);
+    where they differ by near-ties it runs again on the replay's selection, so the outputs are
+    compared on equal selections."""
+    reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
+    sparse = ora.kept_context is not None and pristine.args.sparse
+    truth = twin_of(pristine)
+    ref = truth.reference_step(reqs, toks, idx, layer_metadata=layer_metadata,
+                               record_index_queries=sparse)
+    chosen = (compare_selections(ora, ref, truth.cache, dtype, compared=compared) if sparse
+              else SelectionComparison())
+    if chosen.given:
+        del ref
+        truth = twin_of(pristine)
+        ref = truth.reference_step(reqs, toks, idx, layer_metadata=layer_metadata,
+                                   given_selection=chosen.given)
+    return ref, truth, chosen
+
+
 def check_e1(
     model: Transformer,
     workload: StepInputs,
@@ -188,17 +212,19 @@ def check_e1(
     dtype = model.embed.weight.dtype
     with check_precision():
         eng = prepared(model, workload, config, engine)
-        twin, truth = twin_of(eng), twin_of(eng)
+        twin, pristine = twin_of(eng), twin_of(eng)
         reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
         exp = oracle.expect_for(eng, reqs)
         out = eng.step(reqs, toks, idx)
         ora = oracle.oracle_forward(twin, reqs, toks, idx, exp)
         diags = _versus_oracle("", out, ora, eng, twin)
-        unpadded = truth.prepare(reqs, toks, idx)
-        ref = truth.reference_step(
-            reqs, toks, idx,
-            layer_metadata=oracle.bounded_reference_metadata(unpadded, exp, model.args),
+        unpadded = pristine.prepare(reqs, toks, idx)
+        ref, truth, chosen = _truth(
+            pristine, workload, ora, dtype,
+            oracle.bounded_reference_metadata(unpadded, exp, model.args),
         )
+        del pristine
+        diags += chosen.diagnostics
         rows = torch.tensor(exp.kept_rows, dtype=torch.long, device=ref.logits.device)
         # A request that keeps no row (final_window's earlier chunks) samples nothing this step:
         # its logits rows come from zeroed streams by design and are left out of the comparison.
@@ -224,7 +250,7 @@ def check_e1(
             tokens = b.logits.argmax(-1).tolist()
     note = (f"{policy}, {exp.reason}, {len(exp.kept_rows)} kept rows, {decode_steps} decode "
             f"steps bitwise vs the oracle; bounded reference envelope max abs {max_abs:.3g}, "
-            f"{ratio:.3g} of the allowance")
+            f"{ratio:.3g} of the allowance{chosen.note()}")
     return check_result("E1", f"{policy} replay == bounded reference", diags + env, None, note)
 
 
@@ -255,13 +281,19 @@ def check_e2(
     dtype = model.embed.weight.dtype
     with check_precision():
         eng = prepared(model, workload, config, engine)
-        twin, full = twin_of(eng), twin_of(eng)
+        twin, pristine = twin_of(eng), twin_of(eng)
         reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
         exp = oracle.expect_for(eng, reqs)
         out = eng.step(reqs, toks, idx)
         ora = oracle.oracle_forward(twin, reqs, toks, idx, exp)
         diags = _versus_oracle("", out, ora, eng, twin)
-        ref = full.reference_step(reqs, toks, idx)
+        exact = None
+        if ora.kept_context is not None:
+            exact = {layer: oracle.halo_exact_rows(layer, exp.kept_lens, model.args)
+                     for layer in ora.kept_context.index_selection}
+        ref, full, chosen = _truth(pristine, workload, ora, dtype, compared=exact)
+        del pristine
+        diags += chosen.diagnostics
         pairs = [("last_token_logits", _last_rows(ora), _last_rows(ref))]
         args = model.args
         for layer in range(args.last_kv_source + 1, args.n_layers):
@@ -271,7 +303,7 @@ def check_e2(
         env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, rtol, atol)
     trimmed = exp.num_tokens - len(exp.kept_rows)
     note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill envelope "
-            f"max abs {max_abs:.3g}, {ratio:.3g} of the allowance")
+            f"max abs {max_abs:.3g}, {ratio:.3g} of the allowance{chosen.note()}")
     return check_result("E2", "halo replay == full prefill", diags + env, None, note)
 
 

@@ -64,6 +64,19 @@ def kept_len(
     raise ValueError(f"the oracle knows no policy {policy!r}")
 
 
+def halo_exact_rows(layer: int, kept_lens: Sequence[int], args: ModelArgs) -> list[int]:
+    """The kept rows (indices into the replay batch) whose input to ``layer`` a halo replay
+    computes as the full prefill does: every kept row at S; at the d-th decoder layer all but
+    each request's first (d - 1)(W - 1) kept rows, since each decoder layer before it reads a
+    window cut at the kept start (SPEC section 2, halo)."""
+    lost = max(0, layer - args.last_kv_source - 1) * (args.window - 1)
+    out, start = [], 0
+    for k in kept_lens:
+        out += range(start + min(lost, k), start + k)
+        start += k
+    return out
+
+
 def batch_start(r: RequestSpec, window: int) -> int:
     """``replay_start``: 0 cold; context_len - W after a prefix hit or earlier chunks."""
     return max(0, r.context_len - window)
@@ -252,6 +265,9 @@ class OracleOutput:
     streams: tuple[torch.Tensor, ...]
     step: StepBatch
     expected: Expected
+    # The kept rows' context when the step replays: its index selections (row j is batch row
+    # ``expected.rows[j]``) and recorded index queries.
+    kept_context: ForwardContext | None = None
 
 
 def oracle_forward(
@@ -277,10 +293,12 @@ def oracle_forward(
     if expected.replays:
         rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
         kept_ctx = kept_row_context(step, expected, engine.args)
+        kept_ctx.index_queries = {}
     with _route(model, rows, kept_ctx), torch.inference_mode(), set_forward_context(ctx):
         logits, streams = model(step.input_ids)
     return OracleOutput(
-        logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step, expected
+        logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step, expected,
+        kept_ctx,
     )
 
 

@@ -46,6 +46,8 @@ class StepOutput:
     step: StepBatch
     plan: StepPlan
     replay_batch: ReplayBatch | None
+    # The forward's context, kept only by ``reference_step`` (the checks read its selections).
+    context: ForwardContext | None = None
 
     @classmethod
     def unpadded(
@@ -180,10 +182,14 @@ class Engine:
         *,
         window_kept_lens: Sequence[int] | None = None,
         layer_metadata: dict[int, AttentionMetadata] | None = None,
+        given_selection: dict[int, torch.Tensor] | None = None,
+        record_index_queries: bool = False,
     ) -> StepOutput:
         """The full-batch path: every layer on every row. ``window_kept_lens`` masks decoder
         windows below the kept start of each request's last ``window_kept_lens[i]`` rows (the
-        bounded reference, SPEC E1); ``layer_metadata`` overrides per-layer metadata outright."""
+        bounded reference, SPEC E1); ``layer_metadata`` overrides per-layer metadata outright;
+        ``given_selection`` fixes index sources' top-k (``ForwardContext.given_selection``). The
+        output keeps the forward context: its selections and, if recorded, index queries."""
         self.model.attach_cache(self.cache)
         step = self.prepare(requests, tokens, cache_indices)
         overrides = dict(layer_metadata or {})
@@ -194,11 +200,13 @@ class Engine:
             logits_indices=step.logits_indices,
             batch_descriptor=BatchDescriptor(step.num_padded),
             layer_metadata=overrides,
+            given_selection=dict(given_selection or {}),
+            index_queries={} if record_index_queries else None,
         )
         logits, streams = run_forward(self.model, step, ctx)
         query = tuple(r.query_len for r in requests)
         plan = StepPlan(None, False, query, sum(query), "reference: every layer on every row")
-        return StepOutput(logits, streams, step, plan, None)
+        return StepOutput(logits, streams, step, plan, None, ctx)
 
     def policy_kept_lens(self, requests: Sequence[RequestSpec]) -> tuple[int, ...]:
         return policy_kept_lens(requests, self.config, self.args)

@@ -59,6 +59,13 @@ class ForwardContext:
     # Sparse attention: each index source's selection [rows, top_k] for the layers after it, set
     # when the index source runs in this forward (a replay batch has a context of its own).
     index_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Selections fixed by the caller: an index source listed here publishes the given selection
+    # instead of its own. E1/E2's full-batch truth reads the replay's, so that a top-k near-tie
+    # which rounding decided the other way (judged apart) does not pass for an output error.
+    given_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    # When a dict, each index source records its ``IndexQuery`` here (the checks score the rows
+    # whose selections differ); None on the timed path, so nothing is kept alive.
+    index_queries: dict[int, Any] | None = None
     timer: RegionTimer | None = None
 
     def metadata_for(self, layer: int) -> AttentionMetadata:

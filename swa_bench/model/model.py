@@ -244,8 +244,13 @@ def attention_op(
         return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink)
     if attn.runs_indexer:
         index = attn.index_query(q_latent, meta.positions, index_weights)
-        select = select_static if static else select_varlen
-        ctx.index_selection[layer] = select(meta, attn.cache, index, attn.global_kv.ratio)
+        if ctx.index_queries is not None:
+            ctx.index_queries[layer] = index
+        given = ctx.given_selection.get(layer)
+        if given is None:
+            select = select_static if static else select_varlen
+            given = select(meta, attn.cache, index, attn.global_kv.ratio)
+        ctx.index_selection[layer] = given
     selection = ctx.index_selection[attn.index_source]
     kernel = sparse_static_attention if static else sparse_varlen_attention
     return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, selection)

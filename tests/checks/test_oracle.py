@@ -121,3 +121,13 @@ def test_oracle_is_independent_of_the_replay_code():
     names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(n.startswith(("swa_bench.replay", "swa_bench.engine.dispatch"))
                    for n in names), names
+
+
+def test_halo_exact_rows_shrink_by_w_minus_1_per_decoder_layer():
+    from swa_bench.model.args import PRESETS
+
+    args = PRESETS["sparse-tiny"]  # S = 5, W = 8
+    assert oracle.halo_exact_rows(5, [10, 3], args) == list(range(13))
+    assert oracle.halo_exact_rows(6, [10, 3], args) == list(range(13))
+    assert oracle.halo_exact_rows(7, [10, 3], args) == [7, 8, 9]
+    assert oracle.halo_exact_rows(9, [30], args) == list(range(21, 30))
