@@ -67,23 +67,27 @@ def run(label, check, model, tokens, expect_pass=True, **kw):
 
 
 def main() -> int:
-    plan = sys.argv[1:] or ["bf16-16k", "fault-16k", "fp32-16k", "bf16-64k"]
-    # A CPU dry run of this script: CHECKS_GPU_DRY=1 (tiny preset, 40 and 60 tokens).
+    # Items: [flash-]{bf16,fp32,fault}-{16k,64k}; "flash-" runs the real v41-flash stack (top-512
+    # indexer: E1/E2 also judge the top-k selections), otherwise v41-flash-shape.
+    plan = sys.argv[1:] or ["bf16-16k", "fault-16k", "fp32-16k", "bf16-64k", "flash-bf16-16k"]
+    # A CPU dry run of this script: CHECKS_GPU_DRY=1 (tiny / sparse-tiny, 40 and 60 tokens).
     dry = os.environ.get("CHECKS_GPU_DRY") == "1"
     device = torch.device("cpu" if dry else "cuda")
-    args = build_args("tiny" if dry else "v41-flash-shape")
     good = True
     model = None
     built = None
     for item in plan:
-        dtype_name, size = item.split("-")
+        flash = item.startswith("flash-")
+        dtype_name, size = item.removeprefix("flash-").split("-")
         dtype = DTYPES.get(dtype_name, torch.bfloat16)
-        if built != dtype:
+        preset = ("sparse-tiny" if flash else "tiny") if dry else (
+            "v41-flash" if flash else "v41-flash-shape")
+        if built != (preset, dtype):
             model = None
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            model, _ = build_model(args, seed=0, device=device, dtype=dtype)
-            built = dtype
+            model, _ = build_model(build_args(preset), seed=0, device=device, dtype=dtype)
+            built = (preset, dtype)
         tokens = {"16k": 40 if dry else 16384, "64k": 60 if dry else 65536}[size]
         label = f"{item} ({tokens} tokens)"
         if dtype_name == "fault":
