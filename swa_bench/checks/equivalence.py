@@ -34,16 +34,28 @@ from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
 from swa_bench.results import CheckResult, Diagnostic
 
+_PRECISION_FLAGS = (
+    (torch.backends.cuda.matmul, "allow_tf32"),
+    (torch.backends.cudnn, "allow_tf32"),
+    # Reduced-precision split-K partial sums in bf16/fp16 GEMMs: a GEMM of 128 rows and one of
+    # 16K rows may split K differently, and bf16 partials make that show in the result.
+    (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+    (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+)
+
 
 @contextlib.contextmanager
 def check_precision() -> Iterator[None]:
-    """TF32 off while checking (restored after): the checks compare, they do not time."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """TF32 and reduced-precision GEMM reductions off while checking (restored after): the
+    checks compare, they do not time, and both paths then accumulate in fp32 alike."""
+    saved = [getattr(owner, name) for owner, name in _PRECISION_FLAGS]
+    for owner, name in _PRECISION_FLAGS:
+        setattr(owner, name, False)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+        for (owner, name), value in zip(_PRECISION_FLAGS, saved, strict=True):
+            setattr(owner, name, value)
 
 
 def _caches(prefix: str, a: Engine, b: Engine, tol: Tolerance | None) -> list[Diagnostic | None]:

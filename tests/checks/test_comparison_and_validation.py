@@ -61,3 +61,20 @@ def test_info_is_not_a_pass():
     counts = run.counts()
     assert counts["checks_passed"] == 0 and counts["checks_info"] == counts["checks"]
     assert run.verdict() == "unverified"  # nothing was compared
+
+
+def test_check_precision_turns_reduced_precision_off_and_restores_it():
+    import torch
+
+    from swa_bench.checks.equivalence import check_precision
+
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.allow_tf32, matmul.allow_bf16_reduced_precision_reduction)
+    matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        with check_precision():
+            assert not matmul.allow_tf32 and not matmul.allow_bf16_reduced_precision_reduction
+            assert not matmul.allow_fp16_reduced_precision_reduction
+        assert matmul.allow_bf16_reduced_precision_reduction
+    finally:
+        matmul.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = before
