@@ -55,8 +55,10 @@ class TileConfig:
         """``"block_n,block_dv,num_warps,num_stages"`` (the ``SWA_BENCH_MQA_TILE`` format)."""
         try:
             values = [int(v) for v in text.split(",")]
+            if len(values) != 4:
+                raise ValueError
             config = cls(*values)
-        except (TypeError, ValueError):
+        except ValueError:
             raise ValueError(f"SWA_BENCH_MQA_TILE: expected 4 integers "
                              f"'block_n,block_dv,num_warps,num_stages', got {text!r}") from None
         if config.block_n < 16 or config.block_n & (config.block_n - 1):

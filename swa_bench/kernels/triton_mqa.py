@@ -96,7 +96,8 @@ def mqa_attention_kernel(
         start = tl.load(CSTART + t).to(tl.int64)
         count = tl.load(CLEN + t)
         offs_n = tl.arange(0, BLOCK_N)
-        for n0 in range(0, count, BLOCK_N):
+        n0 = 0
+        while n0 < count:  # a while loop: the interpreter cannot range() over a loaded bound
             cols = n0 + offs_n
             valid = cols < count
             rows = (start + cols) * stride_kvc
@@ -108,6 +109,7 @@ def mqa_attention_kernel(
                 v = tl.load(KVC + rows[:, None] + offs_v[None, :],
                             mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
             m_i, l_i, acc = _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
+            n0 += BLOCK_N
 
     out = acc / l_i[:, None]
     tl.store(Out + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :],
