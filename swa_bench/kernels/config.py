@@ -7,9 +7,11 @@ the kernels are tested against). ``TRITON_INTERPRET=1`` lets ``triton`` run on C
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +28,25 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_forced: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def forced(backend: str | None = None, tile: TileConfig | None = None) -> Iterator[None]:
+    """Runs the block with this backend and tile whatever the environment says (the kernel
+    benchmark times both paths, and each tile of a sweep, in one process)."""
+    saved = dict(_forced)
+    _forced.update({k: v for k, v in (("backend", backend), ("tile", tile)) if v is not None})
+    try:
+        yield
+    finally:
+        _forced.clear()
+        _forced.update(saved)
+
+
 def attention_backend(device: torch.device) -> str:
     """``torch`` or ``triton`` for attention on ``device``; the override must be runnable."""
-    chosen = os.environ.get("SWA_BENCH_KERNELS", "").strip().lower()
+    chosen = str(_forced.get("backend") or os.environ.get("SWA_BENCH_KERNELS", "")).strip().lower()
     if chosen and chosen not in BACKENDS:
         raise ValueError(f"SWA_BENCH_KERNELS: must be one of {', '.join(BACKENDS)}, got {chosen!r}")
     runnable = triton_available() and (torch.device(device).type == "cuda" or interpreting())
@@ -81,7 +99,11 @@ TILE_CANDIDATES = (
 )
 
 
-@functools.cache
 def tile_config() -> TileConfig:
+    return _forced.get("tile") or _env_tile()
+
+
+@functools.cache
+def _env_tile() -> TileConfig:
     text = os.environ.get("SWA_BENCH_MQA_TILE", "").strip()
     return TileConfig.parse(text) if text else TileConfig()
