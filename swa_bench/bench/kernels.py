@@ -10,6 +10,7 @@ at the measured copy bandwidth.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -157,7 +158,15 @@ def bench_kernels(
                 for tile in (tiles or (None,)) if backend == "triton" else (None,):
                     with forced(backend, tile):
                         label = (tile or _current_tile()).label() if backend == "triton" else "-"
-                        stats = time_fn(problem.run, device=device, warmup=warmup, iters=iters)
+                        try:
+                            stats = time_fn(problem.run, device=device, warmup=warmup,
+                                            iters=iters)
+                        except Exception as err:  # a sweep tile the device cannot fit
+                            if tile is None:
+                                raise
+                            print(f"{problem.name} T={t} tile {label}: skipped "
+                                  f"({type(err).__name__}: {str(err)[:120]})", file=sys.stderr)
+                            continue
                     result = _timing(problem, backend, label, t, stats.median_ms, peaks)
                     results.append(result)
                     if on_result is not None:

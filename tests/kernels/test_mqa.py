@@ -27,7 +27,12 @@ ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8, H = 4, 
 # Odd lengths; a continuation whose window reaches into the ring across the W boundary; a
 # one-row decode; a request whose rows start at position 0 (empty windows below it).
 REQUESTS = [(0, 13), (11, 9), (30, 1), (0, 1)]
-GLOBALS = [GlobalKV(None), GlobalKV(3), GlobalKV(1, ratio=2)]
+
+
+def global_sources(args) -> list[GlobalKV]:
+    """Window only, S's full-resolution latent, the first source's pooled latent."""
+    return [GlobalKV(None), GlobalKV(args.last_kv_source),
+            GlobalKV(args.kv_sources[0], ratio=args.compress_ratio)]
 
 
 def run(fn, problem, *extra, backend: str, monkeypatch):
@@ -62,7 +67,7 @@ def random_selection(meta, ratio: int, top_k: int, gen) -> torch.Tensor:
 
 
 def dense_cases(problem, monkeypatch, dtype):
-    for global_kv in GLOBALS:
+    for global_kv in global_sources(problem.args):
         torch_out = run(varlen_attention, problem, global_kv, backend="torch",
                         monkeypatch=monkeypatch)
         varlen = run(varlen_attention, problem, global_kv, backend="triton",
@@ -75,7 +80,7 @@ def dense_cases(problem, monkeypatch, dtype):
 
 def sparse_cases(problem, monkeypatch, dtype, top_k: int):
     gen = torch.Generator().manual_seed(1)
-    for global_kv in GLOBALS[1:]:
+    for global_kv in global_sources(problem.args)[1:]:
         selection = random_selection(problem.meta, global_kv.ratio, top_k, gen)
         selection = selection.to(problem.q.device)
         torch_out = run(sparse_varlen_attention, problem, global_kv, selection, backend="torch",
@@ -148,7 +153,8 @@ def test_dense_kernel_counts_each_rows_window_and_visible_prefix(interpreter, mo
     rows = problem.q.shape[0]
     for fn in (varlen_attention, static_attention):
         with FlopCounterMode(display=False) as count:
-            run(fn, problem, GlobalKV(3), backend="triton", monkeypatch=monkeypatch)
+            run(fn, problem, GlobalKV(ARGS.last_kv_source), backend="triton",
+                monkeypatch=monkeypatch)
         h, d = ARGS.n_heads, ARGS.head_dim
         real_rows = sum(lay.q_len for lay in problem.meta.layouts)
         window_rows = real_rows if fn is varlen_attention else rows
