@@ -487,3 +487,82 @@ def export(
     except OSError as err:
         _say_error(f"{out}: --out: cannot write: {err.strerror or err}")
         raise typer.Exit(2) from None
+
+
+@app.command()
+def kernels(
+    tokens: Annotated[
+        list[int] | None,
+        typer.Option("--tokens", "-t", min=1, help="Rows of the prefill (repeat for several; "
+                     "default 16384 on a GPU, 48 on a CPU).", show_default=False),
+    ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option("--preset", help="Model preset whose H, D, W, top-k set the shapes "
+                     "(default v41-flash on a GPU, tiny on a CPU).", show_default=False),
+    ] = None,
+    problem: Annotated[
+        list[str] | None,
+        typer.Option("--problem", "-p", help="window, compressed, dense or sparse (repeat; "
+                     "default all).", show_default=False),
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16 or float32.")] = "bfloat16",
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="Time the Triton kernel under each candidate tile.")
+    ] = False,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed calls per figure.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Benchmark the attention kernels against their PyTorch paths: ms, TFLOP/s, GB/s, % of
+    roofline (the measured GEMM rate and copy bandwidth of this device).
+
+    The Triton kernels run on CUDA (or on CPU with TRITON_INTERPRET=1, slowly); elsewhere only
+    the PyTorch path is timed. Exit codes: 0 done; 2 bad option.
+    """
+    import torch
+
+    from swa_bench.bench.kernels import PROBLEMS, SWEEP_TILES, bench_kernels, measure_peaks
+    from swa_bench.model.args import PRESETS
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = device.type == "cuda"
+    preset = preset or ("v41-flash" if gpu else "tiny")
+    names = tuple(problem or PROBLEMS)
+    if preset not in PRESETS:
+        _say_error(f"--preset: unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+        raise typer.Exit(2)
+    if bad := [n for n in names if n not in PROBLEMS]:
+        _say_error(f"--problem: unknown {bad[0]!r} (known: {', '.join(PROBLEMS)})")
+        raise typer.Exit(2)
+    if dtype not in ("bfloat16", "float32"):
+        _say_error(f"--dtype: must be bfloat16 or float32, got {dtype!r}")
+        raise typer.Exit(2)
+    args = PRESETS[preset]
+    counts = list(tokens or [16384 if gpu else 48])
+    args = args.replace(max_requests=1, max_seq_len=max(max(counts), args.window))
+    console = _plain_console(stderr=as_json)
+    peaks = measure_peaks(device, getattr(torch, dtype))
+    top_k = args.index_topk or 4 * args.window
+    console.print(f"{device.type}: GEMM {peaks.tflops:.3g} TFLOP/s, copy "
+                  f"{peaks.gbytes_per_s:.0f} GB/s; preset {preset} (H={args.n_heads}, "
+                  f"D={args.head_dim}, W={args.window}, top-k={top_k})")
+    table = Table("problem", "T", "path", "tile", "keys/row", "ms", "TFLOP/s", "GB/s",
+                  "% roofline", "bound", box=None)
+
+    def add(r) -> None:
+        table.add_row(r.problem, str(r.tokens), r.backend, r.tile, f"{r.keys_per_row:.0f}",
+                      f"{r.median_ms:.3f}", f"{r.tflops:.3g}", f"{r.gbytes_per_s:.3g}",
+                      f"{r.roofline_pct:.0f}", r.bound)
+        if not as_json:
+            console.print(f"  {r.problem} T={r.tokens} {r.backend} {r.tile}: "
+                          f"{r.median_ms:.3f} ms, {r.tflops:.3g} TFLOP/s")
+
+    results = bench_kernels(args, counts, device, getattr(torch, dtype), names=names,
+                            tiles=SWEEP_TILES if sweep else (), iters=iters, peaks=peaks,
+                            on_result=add)
+    console.print(table)
+    if as_json:
+        typer.echo(json.dumps({"device": device.type, "preset": preset,
+                               "peak_tflops": peaks.tflops,
+                               "peak_gbytes_per_s": peaks.gbytes_per_s,
+                               "results": [r.to_dict() for r in results]}, indent=2))

@@ -1,7 +1,7 @@
 """The package's shape: imports point one way, and the model loads no benchmark machinery.
 
-model <- replay <- runtime (graphs, engine) <- checks, bench (and the data they produce: results,
-scenarios) <- reports, compare <- run orchestration <- cli.
+kernels <- model <- replay <- runtime (graphs, engine) <- checks, bench (and the data they
+produce: results, scenarios) <- reports, compare <- run orchestration <- cli.
 """
 
 import ast
@@ -12,6 +12,7 @@ from pathlib import Path
 import swa_bench
 
 LAYERS = [
+    ("kernels", ["swa_bench.kernels"]),
     ("model", ["swa_bench.model"]),
     ("replay", ["swa_bench.replay"]),
     ("runtime", ["swa_bench.graphs", "swa_bench.engine"]),

@@ -8,6 +8,11 @@ Two implementations compute the same function:
 * ``static_attention`` reads only device metadata and gathers each row's keys at static shapes, so a
   FULL graph can capture it. It costs O(rows x max_seq_len) memory: FULL graphs are for small steps.
 
+On CUDA both run one Triton kernel instead (``swa_bench.kernels.mqa_attention``, chosen by
+``attention_backend``): each row's window keys gathered, then its causal global prefix as a
+contiguous range, so the cost is O(rows x visible keys) in either path and a row's result is the
+same bits in both (FULL graph == eager). The PyTorch code stays the CPU path and the oracle.
+
 Both read the window ring before this call's writes and write the ring afterwards: a step's early
 rows need positions the step itself overwrites.
 """
@@ -18,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.model.batch import AttentionMetadata
+from swa_bench.kernels import attention_backend, mqa_attention
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.batch import AttentionMetadata, RequestLayout
 from swa_bench.model.cache import KVCache
 
 
@@ -59,6 +66,104 @@ def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (p.reshape(c * h, n).to(v.dtype) @ v).view(c, h, -1)
 
 
+def pooled(rows: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Mean-pooled ``[n // ratio, d]`` (compressed KV); ``ratio`` 1 is the rows themselves."""
+    if ratio == 1:
+        return rows
+    n = rows.shape[0] // ratio
+    return rows[: n * ratio].view(n, ratio, rows.shape[-1]).mean(dim=1)
+
+
+def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
+    """Each query row's window keys as rows of ``cat([ring, kv])``: ``[rows, W]``, -1 masked.
+
+    Positions at or after the request's first key row come from this forward's KV, earlier ones
+    from the ring (read before this call writes it); nothing below the window start is read.
+    """
+    req = meta.row_request
+    kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
+    first = meta.kv_first_pos[req][:, None]
+    from_kv = ring_rows + meta.kv_row_start[req][:, None] + (kpos - first)
+    from_ring = meta.cache_index[req][:, None] * window + kpos.remainder(window)
+    readable = (kpos >= meta.window_start[req][:, None]) & (kpos >= 0)
+    return torch.where(readable, torch.where(kpos >= first, from_kv, from_ring), -1)
+
+
+def static_pooled(flat: torch.Tensor, args: ModelArgs, ratio: int) -> torch.Tensor:
+    """Every request slot's pooled rows ``[max_requests, n, d]`` from a flat cache."""
+    slots, max_seq = args.max_requests, args.max_seq_len
+    rows = flat[: slots * max_seq].view(slots, max_seq, -1)
+    if ratio == 1:
+        return rows
+    n = max_seq // ratio
+    return rows[:, : n * ratio].reshape(slots, n, ratio, -1).mean(dim=2)
+
+
+def causal_count(positions: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Global keys visible at each position: ``p + 1`` at full resolution, ``(p + 1) // r``
+    pooled (a pooled key is visible once its whole group is)."""
+    return torch.div(positions + 1, ratio, rounding_mode="floor")
+
+
+def causal_key_total(first_pos: int, rows: int, ratio: int) -> int:
+    """``sum(causal_count(p, ratio) for p in [first_pos, first_pos + rows))`` in closed form."""
+
+    def upto(n: int) -> int:  # sum of (x // ratio) for x in [0, n]
+        groups, rest = divmod(n + 1, ratio)
+        return ratio * groups * (groups - 1) // 2 + groups * rest
+
+    return upto(first_pos + rows) - upto(first_pos)
+
+
+def layouts_causal_keys(layouts: tuple[RequestLayout, ...], ratio: int) -> int:
+    """The global keys a step's rows visit: the FLOP counter's figure for the kernel."""
+    return sum(causal_key_total(lay.q_first_pos, lay.q_len, ratio) for lay in layouts)
+
+
+def _kernel_varlen(q, kv, meta, cache, layer, global_kv, sink) -> torch.Tensor:
+    ring = cache.ring[layer]
+    keys = torch.cat([ring, kv])
+    win = window_index(meta, ring.shape[0], cache.args.window)
+    scale = q.shape[-1] ** -0.5
+    out = torch.zeros_like(q)
+    for lay in meta.layouts:
+        if lay.q_len == 0:
+            continue
+        rows = slice(lay.q_start, lay.q_start + lay.q_len)
+        causal = None
+        if global_kv.source is not None:
+            latent = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
+            glob = pooled(latent, global_kv.ratio)
+            if glob.shape[0] > 0:
+                count = causal_count(meta.positions[rows], global_kv.ratio).clamp_(
+                    max=glob.shape[0])
+                start = torch.zeros_like(count)
+                total = causal_key_total(lay.q_first_pos, lay.q_len, global_kv.ratio)
+                causal = (glob, start, count, total)
+        out[rows] = mqa_attention(q[rows], sink, scale, [(keys, win[rows])], causal)
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return out
+
+
+def _kernel_static(q, kv, meta, cache, layer, global_kv, sink) -> torch.Tensor:
+    args = cache.args
+    ring = cache.ring[layer]
+    keys = torch.cat([ring, kv])
+    win = window_index(meta, ring.shape[0], args.window)
+    causal = None
+    if global_kv.source is not None:
+        ratio = global_kv.ratio
+        glob = static_pooled(cache.latent[global_kv.source], args, ratio)
+        req = meta.row_request
+        seen = torch.div(meta.seq_len[req] + ratio - 1, ratio, rounding_mode="floor")
+        count = torch.minimum(causal_count(meta.positions, ratio), seen)
+        causal = (glob.reshape(-1, glob.shape[-1]), meta.cache_index[req] * glob.shape[1], count,
+                  layouts_causal_keys(meta.layouts, ratio))
+    out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return out
+
+
 WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB
 
 
@@ -80,6 +185,8 @@ def varlen_attention(
     sink: torch.Tensor,
 ) -> torch.Tensor:
     """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
+    if attention_backend(q.device) == "triton":
+        return _kernel_varlen(q, kv, meta, cache, layer, global_kv, sink)
     window = cache.args.window
     scale = q.shape[-1] ** -0.5
     out = torch.zeros_like(q)
@@ -153,6 +260,8 @@ def static_attention(
     sink: torch.Tensor,
 ) -> torch.Tensor:
     """The same function from device metadata alone: no host reads, static shapes (capturable)."""
+    if attention_backend(q.device) == "triton":
+        return _kernel_static(q, kv, meta, cache, layer, global_kv, sink)
     args = cache.args
     window, max_seq = args.window, args.max_seq_len
     scale = q.shape[-1] ** -0.5

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.model.attention import GlobalKV, score_budget, softmax_with_sink
+from swa_bench.kernels import attention_backend, mqa_attention
+from swa_bench.model.attention import (
+    GlobalKV,
+    pooled,
+    score_budget,
+    softmax_with_sink,
+    static_pooled,
+    window_index,
+)
 from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
 
@@ -76,6 +84,18 @@ def gathered_attention(
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
+def attend_gathered(
+    q: torch.Tensor,
+    sources: list[tuple[torch.Tensor, torch.Tensor]],
+    sink: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``gathered_attention`` by the kernel ``attention_backend`` picks (Triton on CUDA)."""
+    if attention_backend(q.device) == "triton":
+        return mqa_attention(q, sink, scale, sources)
+    return gathered_attention(q, sources, sink, scale)
+
+
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """``sum_h weights[c, h] * relu(q[c, h] . keys[(c,) n])`` as fp32 ``[C, n]``; keys ``[n, d]``
     shared by the rows or ``[C, n, d]`` per row. In the model dtype up to the head reduction, as
@@ -105,35 +125,12 @@ def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device) -> int
     return max(1, score_budget(torch.device(device)) // (index_heads * max(n_keys, 1)))
 
 
-def pooled(rows: torch.Tensor, ratio: int) -> torch.Tensor:
-    """Mean-pooled ``[n // ratio, d]`` (compressed KV); ``ratio`` 1 is the rows themselves."""
-    if ratio == 1:
-        return rows
-    n = rows.shape[0] // ratio
-    return rows[: n * ratio].view(n, ratio, rows.shape[-1]).mean(dim=1)
-
-
 def visible_positions(qpos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
     """``[C, n]``: global position j is visible at query position t (pooled: ``j < (t+1)//r``)."""
     j = torch.arange(n, device=qpos.device)
     if ratio == 1:
         return j[None, :] <= qpos[:, None]
     return j[None, :] < ((qpos + 1) // ratio)[:, None]
-
-
-def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
-    """Each query row's window keys as rows of ``cat([ring, kv])``: ``[rows, W]``, -1 masked.
-
-    Positions at or after the request's first key row come from this forward's KV, earlier ones
-    from the ring (read before this call writes it); nothing below the window start is read.
-    """
-    req = meta.row_request
-    kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
-    first = meta.kv_first_pos[req][:, None]
-    from_kv = ring_rows + meta.kv_row_start[req][:, None] + (kpos - first)
-    from_ring = meta.cache_index[req][:, None] * window + kpos.remainder(window)
-    readable = (kpos >= meta.window_start[req][:, None]) & (kpos >= 0)
-    return torch.where(readable, torch.where(kpos >= first, from_kv, from_ring), -1)
 
 
 def select_varlen(
@@ -184,19 +181,9 @@ def sparse_varlen_attention(
         sources = [(keys, win[rows])]
         if glob.shape[0] > 0:
             sources.append((glob, selection[rows]))
-        out[rows] = gathered_attention(q[rows], sources, sink, scale)
+        out[rows] = attend_gathered(q[rows], sources, sink, scale)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
-
-
-def _static_pool(flat: torch.Tensor, args, ratio: int) -> torch.Tensor:
-    """Every request slot's pooled rows ``[max_requests, n, d]`` from a flat cache."""
-    slots, max_seq = args.max_requests, args.max_seq_len
-    rows = flat[: slots * max_seq].view(slots, max_seq, -1)
-    if ratio == 1:
-        return rows
-    n = max_seq // ratio
-    return rows[:, : n * ratio].reshape(slots, n, ratio, -1).mean(dim=2)
 
 
 STATIC_ROW_CHUNK = 64
@@ -207,7 +194,7 @@ def select_static(
 ) -> torch.Tensor:
     """``select_varlen`` from device metadata alone (every request slot's whole cache)."""
     args = cache.args
-    keys = _static_pool(cache.index_keys[index.source], args, ratio)
+    keys = static_pooled(cache.index_keys[index.source], args, ratio)
     req = meta.row_request
     visible = visible_positions(meta.positions, keys.shape[1], ratio)
     visible = visible & (torch.arange(keys.shape[1], device=keys.device)[None, :] * ratio
@@ -236,11 +223,11 @@ def sparse_static_attention(
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
     win = window_index(meta, ring.shape[0], args.window)
-    glob = _static_pool(cache.latent[global_kv.source], args, global_kv.ratio)
+    glob = static_pooled(cache.latent[global_kv.source], args, global_kv.ratio)
     n = glob.shape[1]
     base = meta.cache_index[meta.row_request][:, None] * n
     idx = torch.where(selection >= 0, base + selection, -1)
-    out = gathered_attention(
+    out = attend_gathered(
         q, [(keys, win), (glob.reshape(-1, glob.shape[-1]), idx)], sink, q.shape[-1] ** -0.5
     )
     ring.index_copy_(0, meta.ring_slot, kv)

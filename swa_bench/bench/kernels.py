@@ -1,0 +1,206 @@
+"""The attention kernels' own rates: each kernel against its PyTorch path on one cold prefill.
+
+Every problem runs through the model's attention functions (the same metadata and caches a step
+uses), once with the PyTorch path and once with the Triton kernel, and both are credited the same
+FLOPs: the matmul work a row's visible keys need (``mqa_attention_flops``). The roofline of a
+problem is the larger of its FLOPs at the measured GEMM rate and its minimum bytes (queries,
+outputs, index lists, and the keys: once for dense sources, once per row and key when gathered)
+at the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from swa_bench.bench.roofline import gemm_tflops
+from swa_bench.bench.timing import time_fn
+from swa_bench.kernels import TileConfig, attention_backend, mqa_attention_flops
+from swa_bench.kernels.config import TILE_CANDIDATES, forced
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.attention import GlobalKV, causal_key_total, varlen_attention
+from swa_bench.model.batch import AttentionMetadata, RequestLayout, make_metadata
+from swa_bench.model.cache import KVCache
+from swa_bench.model.sparse_attention import sparse_varlen_attention
+
+PROBLEMS = ("window", "compressed", "dense", "sparse")
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    problem: str
+    backend: str
+    tile: str
+    tokens: int
+    keys_per_row: float
+    median_ms: float
+    flops: int
+    bytes: int
+    tflops: float
+    gbytes_per_s: float
+    roofline_pct: float
+    bound: str  # "flops" or "bytes": which one sets the roofline
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Peaks:
+    tflops: float
+    gbytes_per_s: float
+
+
+def measure_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
+    """The GEMM rate in ``dtype`` and the bandwidth of a large copy (read + write)."""
+    device = torch.device(device)
+    n = (1 << 28) if device.type == "cuda" else (1 << 22)
+    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    stats = time_fn(lambda: dst.copy_(src), device=device, warmup=3, iters=10)
+    return Peaks(gemm_tflops(device, dtype), 2 * n / (stats.median_ms * 1e-3) / 1e9)
+
+
+@dataclass
+class Problem:
+    name: str
+    run: Callable[[], torch.Tensor]
+    flops: int
+    bytes: int
+    keys_per_row: float
+
+
+def _prefill(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dtype):
+    """A cold prefill of ``tokens`` rows of one request, random queries, keys and caches."""
+    layout = RequestLayout(cache_index=0, q_start=0, q_len=tokens, q_first_pos=0, kv_start=0,
+                           kv_len=tokens, kv_first_pos=0, window_start=0, seq_len=tokens)
+    meta: AttentionMetadata = make_metadata([layout], num_q_rows=tokens, num_kv_rows=tokens,
+                                            args=args, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    cache = KVCache(args, device, dtype)
+    for latent in cache.latent.values():
+        latent.normal_(generator=gen)
+    q = torch.randn(tokens, args.n_heads, args.head_dim, device=device, dtype=dtype, generator=gen)
+    kv = torch.randn(tokens, args.head_dim, device=device, dtype=dtype, generator=gen)
+    sink = torch.randn(args.n_heads, device=device, generator=gen)
+    return meta, cache, q, kv, sink, gen
+
+
+def problems(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dtype,
+             names: tuple[str, ...] = PROBLEMS) -> list[Problem]:
+    """A layer's attention at ``tokens`` rows: window only, compressed (the encoder's pooled
+    causal KV), dense causal (the what-if preset) and sparse (window + top-k, the real model)."""
+    meta, cache, q, kv, sink, gen = _prefill(args, tokens, device, dtype)
+    h, d, w, elt = args.n_heads, args.head_dim, args.window, q.element_size()
+    source = args.last_kv_source
+    top_k = args.index_topk or 4 * args.window
+    qo_bytes = 2 * q.numel() * elt
+    index_bytes = tokens * w * 8
+    out = []
+    for name in names:
+        if name == "sparse":
+            chosen = torch.rand(tokens, top_k, device=device, generator=gen)
+            pos = torch.arange(tokens, device=device)[:, None]
+            selection = (chosen * (pos + 1)).long()
+            selection = torch.where(torch.arange(top_k, device=device)[None, :] <= pos,
+                                    selection, -1)
+            global_kv = GlobalKV(source)
+            keys = w + top_k
+            out.append(Problem(
+                name,
+                lambda g=global_kv, s=selection: sparse_varlen_attention(
+                    q, kv, meta, cache, source, g, sink, s),
+                mqa_attention_flops(tokens, h, d, keys),
+                qo_bytes + tokens * keys * (d * elt + 8),
+                keys,
+            ))
+            continue
+        ratio = {"window": 0, "compressed": args.compress_ratio, "dense": 1}[name]
+        global_kv = GlobalKV(None) if ratio == 0 else GlobalKV(source, ratio)
+        causal = causal_key_total(0, tokens, ratio) if ratio else 0
+        key_rows = tokens + (tokens // ratio if ratio else 0)
+        out.append(Problem(
+            name,
+            lambda g=global_kv: varlen_attention(q, kv, meta, cache, source, g, sink),
+            mqa_attention_flops(tokens, h, d, w, causal),
+            qo_bytes + index_bytes + key_rows * d * elt,
+            w + causal / tokens,
+        ))
+    return out
+
+
+def bench_kernels(
+    args: ModelArgs,
+    tokens: list[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    names: tuple[str, ...] = PROBLEMS,
+    backends: tuple[str, ...] = ("torch", "triton"),
+    tiles: tuple[TileConfig, ...] = (),
+    warmup: int = 2,
+    iters: int = 5,
+    peaks: Peaks | None = None,
+    on_result: Callable[[KernelTiming], None] | None = None,
+) -> list[KernelTiming]:
+    """Times every problem at every token count under each backend (the Triton one under each
+    of ``tiles``, or the configured tile). Backends this device cannot run are left out."""
+    device = torch.device(device)
+    peaks = peaks or measure_peaks(device, dtype)
+    runnable = [b for b in backends if b == "torch" or _can_run_triton(device)]
+    results = []
+    for t in tokens:
+        for problem in problems(args, t, device, dtype, names):
+            for backend in runnable:
+                for tile in (tiles or (None,)) if backend == "triton" else (None,):
+                    with forced(backend, tile):
+                        label = (tile or _current_tile()).label() if backend == "triton" else "-"
+                        try:
+                            stats = time_fn(problem.run, device=device, warmup=warmup,
+                                            iters=iters)
+                        except Exception as err:  # a sweep tile the device cannot fit
+                            if tile is None:
+                                raise
+                            print(f"{problem.name} T={t} tile {label}: skipped "
+                                  f"({type(err).__name__}: {str(err)[:120]})", file=sys.stderr)
+                            continue
+                    result = _timing(problem, backend, label, t, stats.median_ms, peaks)
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+    return results
+
+
+def _current_tile() -> TileConfig:
+    from swa_bench.kernels import tile_config
+
+    return tile_config()
+
+
+def _can_run_triton(device: torch.device) -> bool:
+    try:
+        with forced("triton"):
+            return attention_backend(device) == "triton"
+    except ValueError:
+        return False
+
+
+def _timing(problem: Problem, backend: str, tile: str, tokens: int, ms: float,
+            peaks: Peaks) -> KernelTiming:
+    seconds = ms * 1e-3
+    flop_time = problem.flops / (peaks.tflops * 1e12)
+    byte_time = problem.bytes / (peaks.gbytes_per_s * 1e9)
+    return KernelTiming(
+        problem=problem.name, backend=backend, tile=tile, tokens=tokens,
+        keys_per_row=problem.keys_per_row, median_ms=ms, flops=problem.flops,
+        bytes=problem.bytes, tflops=problem.flops / seconds / 1e12,
+        gbytes_per_s=problem.bytes / seconds / 1e9,
+        roofline_pct=100 * max(flop_time, byte_time) / seconds,
+        bound="flops" if flop_time >= byte_time else "bytes",
+    )
+
+
+SWEEP_TILES = TILE_CANDIDATES

@@ -1,0 +1,109 @@
+"""Which attention implementation runs, decided in one place, and the Triton kernel's tile sizes.
+
+``SWA_BENCH_KERNELS=torch|triton`` overrides the choice (tests, A/B runs); by default the Triton
+kernels run on CUDA when Triton imports and the PyTorch path everywhere else (it is also the oracle
+the kernels are tested against). ``TRITON_INTERPRET=1`` lets ``triton`` run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("torch", "triton")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_forced: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def forced(backend: str | None = None, tile: TileConfig | None = None) -> Iterator[None]:
+    """Runs the block with this backend and tile whatever the environment says (the kernel
+    benchmark times both paths, and each tile of a sweep, in one process)."""
+    saved = dict(_forced)
+    _forced.update({k: v for k, v in (("backend", backend), ("tile", tile)) if v is not None})
+    try:
+        yield
+    finally:
+        _forced.clear()
+        _forced.update(saved)
+
+
+def attention_backend(device: torch.device) -> str:
+    """``torch`` or ``triton`` for attention on ``device``; the override must be runnable."""
+    chosen = str(_forced.get("backend") or os.environ.get("SWA_BENCH_KERNELS", "")).strip().lower()
+    if chosen and chosen not in BACKENDS:
+        raise ValueError(f"SWA_BENCH_KERNELS: must be one of {', '.join(BACKENDS)}, got {chosen!r}")
+    runnable = triton_available() and (torch.device(device).type == "cuda" or interpreting())
+    if chosen == "triton" and not runnable:
+        raise ValueError("SWA_BENCH_KERNELS: triton needs CUDA (or TRITON_INTERPRET=1) and the "
+                         "triton package")
+    if chosen:
+        return chosen
+    return "triton" if runnable and torch.device(device).type == "cuda" else "torch"
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration. Fixed per process: a row's reduction order follows ``block_n``,
+    so changing it between calls would break bitwise equality across batch shapes."""
+
+    block_n: int = 32
+    block_dv: int = 0  # output columns per program; 0: the whole head dim (one program per row)
+    num_warps: int = 8
+    num_stages: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> TileConfig:
+        """``"block_n,block_dv,num_warps,num_stages"`` (the ``SWA_BENCH_MQA_TILE`` format)."""
+        try:
+            values = [int(v) for v in text.split(",")]
+            if len(values) != 4:
+                raise ValueError
+            config = cls(*values)
+        except ValueError:
+            raise ValueError(f"SWA_BENCH_MQA_TILE: expected 4 integers "
+                             f"'block_n,block_dv,num_warps,num_stages', got {text!r}") from None
+        if config.block_n < 16 or config.block_n & (config.block_n - 1):
+            raise ValueError(f"SWA_BENCH_MQA_TILE: block_n must be a power of two >= 16, "
+                             f"got {config.block_n}")
+        return config
+
+    def label(self) -> str:
+        return f"{self.block_n},{self.block_dv},{self.num_warps},{self.num_stages}"
+
+
+# Candidates the kernel benchmark's sweep times (``swa-bench kernels --sweep``).
+TILE_CANDIDATES = (
+    TileConfig(32, 0, 8, 1),
+    TileConfig(32, 256, 8, 1),
+    TileConfig(64, 256, 8, 2),
+    TileConfig(32, 256, 4, 2),
+    TileConfig(16, 0, 4, 1),
+    TileConfig(64, 0, 8, 1),
+)
+
+
+def tile_config() -> TileConfig:
+    return _forced.get("tile") or _env_tile()
+
+
+@functools.cache
+def _env_tile() -> TileConfig:
+    text = os.environ.get("SWA_BENCH_MQA_TILE", "").strip()
+    return TileConfig.parse(text) if text else TileConfig()

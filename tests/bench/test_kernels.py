@@ -1,0 +1,39 @@
+"""``swa-bench kernels``: both paths timed on the same problems and credited the same FLOPs."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from swa_bench.cli import app
+from swa_bench.kernels import mqa_attention_flops
+from swa_bench.kernels.config import interpreting
+from swa_bench.model.args import PRESETS
+from swa_bench.model.attention import causal_key_total
+
+RUNNER = CliRunner()
+
+
+def test_kernels_command_reports_each_problem_and_path():
+    result = RUNNER.invoke(app, ["kernels", "--tokens", "12", "-p", "dense", "-p", "sparse",
+                                 "--iters", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    args = PRESETS["tiny"]
+    h, d, w = args.n_heads, args.head_dim, args.window
+    expected = {"dense": mqa_attention_flops(12, h, d, w, causal_key_total(0, 12, 1)),
+                "sparse": mqa_attention_flops(12, h, d, w + 4 * w)}
+    paths = {"torch", "triton"} if interpreting() else {"torch"}
+    seen = {(r["problem"], r["backend"]) for r in report["results"]}
+    assert seen == {(p, b) for p in expected for b in paths}
+    for r in report["results"]:
+        assert r["flops"] == expected[r["problem"]]
+        assert r["tflops"] == pytest.approx(r["flops"] / (r["median_ms"] * 1e-3) / 1e12)
+
+
+@pytest.mark.parametrize("option", [["--problem", "flash"], ["--preset", "nope"],
+                                    ["--dtype", "int8"]])
+def test_kernels_command_refuses_bad_options_with_one_line(option):
+    result = RUNNER.invoke(app, ["kernels", *option])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1

@@ -1,0 +1,65 @@
+"""Shared set-up of the kernel tests: small attention problems with the model's own metadata."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from swa_bench.kernels.config import interpreting
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.batch import AttentionMetadata, RequestLayout, make_metadata
+from swa_bench.model.cache import KVCache
+
+
+@pytest.fixture
+def interpreter():
+    """The Triton kernels on CPU tensors through Triton's interpreter, which tests/conftest.py
+    switches on (skipped without triton, and where a GPU runs the compiled kernels instead)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available() or not interpreting():
+        pytest.skip("the GPU runs the compiled kernels (tests marked cuda)")
+
+
+@dataclass
+class Problem:
+    args: ModelArgs
+    cache: KVCache
+    meta: AttentionMetadata
+    q: torch.Tensor
+    kv: torch.Tensor
+    sink: torch.Tensor
+
+
+def attention_problem(args: ModelArgs, requests: list[tuple[int, int]], *, pad: int = 0,
+                      dtype=torch.float32, device="cpu", seed: int = 0) -> Problem:
+    """``requests``: (cached positions, new rows) per request; caches filled with random rows.
+
+    Key rows are the query rows (a plain prefill chunk); ``pad`` rows of the dummy request follow.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    layouts, cursor = [], 0
+    for i, (cached, rows) in enumerate(requests):
+        layouts.append(RequestLayout(cache_index=i, q_start=cursor, q_len=rows,
+                                     q_first_pos=cached, kv_start=cursor, kv_len=rows,
+                                     kv_first_pos=cached, window_start=max(0, cached - args.window),
+                                     seq_len=cached + rows))
+        cursor += rows
+    meta = make_metadata(layouts, num_q_rows=cursor + pad, num_kv_rows=cursor + pad, args=args,
+                         device=torch.device(device), num_request_slots=args.max_requests + 1)
+    cache = KVCache(args, torch.device(device), dtype)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    for ring in cache.ring:
+        ring.copy_(rand(*ring.shape))
+    for latent in cache.latent.values():
+        latent.copy_(rand(*latent.shape))
+    q = rand(cursor + pad, args.n_heads, args.head_dim)
+    kv = rand(cursor + pad, args.head_dim)
+    sink = torch.randn(args.n_heads, generator=gen).to(device)
+    return Problem(args, cache, meta, q, kv, sink)
