@@ -157,7 +157,9 @@ def bench_kernels(
             for backend in runnable:
                 for tile in (tiles or (None,)) if backend == "triton" else (None,):
                     with forced(backend, tile):
-                        label = (tile or _current_tile()).label() if backend == "triton" else "-"
+                        causal = problem.name in CAUSAL_RANGE_PROBLEMS
+                        label = ((tile or _current_tile(causal)).label()
+                                 if backend == "triton" else "-")
                         try:
                             stats = time_fn(problem.run, device=device, warmup=warmup,
                                             iters=iters)
@@ -174,10 +176,14 @@ def bench_kernels(
     return results
 
 
-def _current_tile() -> TileConfig:
+# Problems whose layers read a causal range of keys (the rest gather every key by index).
+CAUSAL_RANGE_PROBLEMS = ("dense", "compressed")
+
+
+def _current_tile(causal_range: bool) -> TileConfig:
     from swa_bench.kernels import tile_config
 
-    return tile_config()
+    return tile_config(causal_range)
 
 
 def _can_run_triton(device: torch.device) -> bool:

@@ -111,4 +111,5 @@ def mqa_attention(
     kv_b, idx_b = rest[0] if rest else (None, None)
     kv_c, c_start, c_count, keys = causal if causal is not None else (None, None, None, 0)
     return mqa_attention_op(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count,
-                            float(scale), int(keys), (tile or tile_config()).label())
+                            float(scale), int(keys),
+                            (tile or tile_config(causal is not None)).label())
