@@ -1,5 +1,7 @@
 """Where a v41-flash prefill step spends its GPU time: torch.profiler over one reference and one
-replay step (eager, bf16), kernels grouped by kind. Writes the full tables under $OUT.
+replay step (eager, bf16), kernels grouped by kind, after the step's wall time (median of 3, the
+device synchronised), its kernel launches and its achieved TFLOP/s (the analytic FLOP model).
+Writes the full tables under $OUT.
 
     python3 scripts/profile_gpu.py [tokens]
 """
@@ -9,12 +11,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from swa_bench.bench.flop_model import step_flops
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
@@ -60,6 +64,14 @@ def main() -> None:
         step = lambda e=engine: e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)  # noqa: E731
         step()
         torch.cuda.synchronize()
+        walls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            out = step()
+            torch.cuda.synchronize()
+            walls.append(1e3 * (time.perf_counter() - start))
+        wall = sorted(walls)[1]
+        flops = step_flops(args, requests, out.plan.kept_lens, dev)["total"]
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             step()
             torch.cuda.synchronize()
@@ -72,7 +84,9 @@ def main() -> None:
         (out / f"profile-{name}.txt").write_text(
             prof.key_averages().table(sort_by="device_time_total", row_limit=60,
                                       max_name_column_width=90))
-        lines.append(f"## {name}: {total / 1e3:.0f} ms of kernel time")
+        launches = sum(e.count for e in events)
+        lines.append(f"## {name}: {wall:.0f} ms wall, {total / 1e3:.0f} ms of kernel time, "
+                     f"{launches} kernels, {flops / wall / 1e9:.0f} TFLOP/s")
         for label, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {label:14s} {us / 1e3:9.1f} ms  {100 * us / total:5.1f}%")
         top = sorted(events, key=lambda e: -e.device_time_total)[:25]

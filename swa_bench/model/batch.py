@@ -59,20 +59,46 @@ class AttentionMetadata:
     ring_slot: torch.Tensor  # [kv rows] flat ring slot each key row writes (trash: none)
     global_slot: torch.Tensor  # [kv rows] flat global slot of each key row (trash: none)
     layouts: tuple[RequestLayout, ...]
+    # The one device buffer every tensor above is a view of (None when built otherwise): a step
+    # moves to the device in one copy, and into a graph's static metadata in one copy.
+    packed: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
         return self.positions.shape[0]
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layouts"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("layouts", "packed")
+        }
 
     def copy_into(self, static: AttentionMetadata) -> AttentionMetadata:
         """Copies every tensor into ``static``'s buffers (same shapes) and returns ``static`` with
         this step's host layouts: graph segments read the buffers, eager breaks the layouts."""
-        for name, src in self.tensors().items():
-            getattr(static, name).copy_(src, non_blocking=True)
+        same_layout = (
+            self.packed is not None
+            and static.packed is not None
+            and self.packed.shape == static.packed.shape
+        )
+        if same_layout:
+            static.packed.copy_(self.packed, non_blocking=True)
+        else:
+            for name, src in self.tensors().items():
+                getattr(static, name).copy_(src, non_blocking=True)
         return replace(static, layouts=self.layouts)
+
+
+def rows_of(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For requests of ``lengths`` rows, packed in order: each row's request and its offset in
+    that request (vectorised: no loop over requests)."""
+    request = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return request, torch.arange(request.shape[0]) - starts[request]
+
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(RequestLayout))
 
 
 def make_metadata(
@@ -85,7 +111,7 @@ def make_metadata(
     num_request_slots: int | None = None,
     writes: bool = True,
 ) -> AttentionMetadata:
-    """Builds the tensors on the host in one pass and moves them with one copy each.
+    """Builds the tensors on the host with vectorised ops and moves them in one copy.
 
     ``num_request_slots`` fixes the per-request arrays' length (graphs need it static); the dummy
     request takes the last slot. ``writes=False`` sends every write to the trash row (capture and
@@ -97,45 +123,53 @@ def make_metadata(
     dummy = slots - 1
     window, max_seq = args.window, args.max_seq_len
     ring_trash, global_trash = args.max_requests * window, args.max_requests * max_seq
+    n = len(layouts)
+    table = torch.tensor(
+        [[getattr(lay, f) for f in LAYOUT_FIELDS] for lay in layouts], dtype=torch.long
+    ).view(n, len(LAYOUT_FIELDS))
+    lay = dict(zip(LAYOUT_FIELDS, table.unbind(1), strict=True))
 
     positions = torch.zeros(num_q_rows, dtype=torch.long)
     row_request = torch.full((num_q_rows,), dummy, dtype=torch.long)
+    request, offset = rows_of(lay["q_len"])
+    rows = lay["q_start"][request] + offset
+    positions[rows] = lay["q_first_pos"][request] + offset
+    row_request[rows] = request
+
     ring_slot = torch.full((num_kv_rows,), ring_trash, dtype=torch.long)
     global_slot = torch.full((num_kv_rows,), global_trash, dtype=torch.long)
-    per_request = torch.zeros(5, slots, dtype=torch.long)
+    if writes:
+        request, offset = rows_of(lay["kv_len"])
+        rows = lay["kv_start"][request] + offset
+        kv_pos = lay["kv_first_pos"][request] + offset
+        cache_index = lay["cache_index"][request]
+        global_slot[rows] = cache_index * max_seq + kv_pos
+        in_ring = kv_pos >= lay["seq_len"][request] - window
+        ring_slot[rows] = torch.where(in_ring, cache_index * window + kv_pos % window, ring_trash)
+
+    names = ("window_start", "kv_first_pos", "kv_row_start", "seq_len", "cache_index")
+    per_request = torch.zeros(len(names), slots, dtype=torch.long)
     per_request[0, dummy] = NO_WINDOW
-    for i, lay in enumerate(layouts):
-        q_rows = slice(lay.q_start, lay.q_start + lay.q_len)
-        positions[q_rows] = torch.arange(lay.q_first_pos, lay.q_first_pos + lay.q_len)
-        row_request[q_rows] = i
-        if writes:
-            kv_rows = slice(lay.kv_start, lay.kv_start + lay.kv_len)
-            kv_pos = torch.arange(lay.kv_first_pos, lay.kv_first_pos + lay.kv_len)
-            global_slot[kv_rows] = lay.cache_index * max_seq + kv_pos
-            ring_slot[kv_rows] = torch.where(
-                kv_pos >= lay.seq_len - window,
-                lay.cache_index * window + kv_pos % window,
-                ring_trash,
-            )
-        per_request[:, i] = torch.tensor(
-            [lay.window_start, lay.kv_first_pos, lay.kv_start, lay.seq_len, lay.cache_index]
-        )
-    window_start, kv_first_pos, kv_row_start, seq_len, cache_index = per_request
-
-    def as_tensor(values: torch.Tensor) -> torch.Tensor:
-        return values.to(device, non_blocking=True)
-
+    per_request[:, :n] = torch.stack(
+        [
+            lay["window_start"],
+            lay["kv_first_pos"],
+            lay["kv_start"],
+            lay["seq_len"],
+            lay["cache_index"],
+        ]
+    )
+    parts = {
+        "positions": positions,
+        "row_request": row_request,
+        **dict(zip(names, per_request, strict=True)),
+        "ring_slot": ring_slot,
+        "global_slot": global_slot,
+    }
+    packed = torch.cat(list(parts.values())).to(device, non_blocking=True)
+    views = packed.split([t.shape[0] for t in parts.values()])
     return AttentionMetadata(
-        positions=as_tensor(positions),
-        row_request=as_tensor(row_request),
-        window_start=as_tensor(window_start),
-        kv_first_pos=as_tensor(kv_first_pos),
-        kv_row_start=as_tensor(kv_row_start),
-        seq_len=as_tensor(seq_len),
-        cache_index=as_tensor(cache_index),
-        ring_slot=as_tensor(ring_slot),
-        global_slot=as_tensor(global_slot),
-        layouts=tuple(layouts),
+        **dict(zip(parts, views, strict=True)), layouts=tuple(layouts), packed=packed
     )
 
 

@@ -17,7 +17,7 @@ batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,26 +48,62 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.to(x.dtype) * self.weight
+        """fp32 statistics, one fused kernel on CUDA (torch's composite of the same ops on CPU)."""
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is being captured: a cache filled now would hold a tensor
+    of the graph's private pool, so derived tensors are then computed without being kept."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_ROPE_TABLES: dict[tuple[torch.device, int, float, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_table(
+    device: torch.device, rope_dim: int, theta: float, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos, sin [length, rope_dim // 2]`` of every position, computed once per shape: a
+    row's angles are read with one gather instead of recomputed by every layer."""
+    key = (device, rope_dim, theta, length)
+    table = _ROPE_TABLES.get(key)
+    if table is None:
+        half = rope_dim // 2
+        freqs = theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+        angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * freqs[None, :]
+        table = angles.cos(), angles.sin()
+        if not capturing(device):
+            _ROPE_TABLES[key] = table
+    return table
 
 
 def apply_rope(
-    x: torch.Tensor, positions: torch.Tensor, rope_dim: int, theta: float
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    rope_dim: int,
+    theta: float,
+    max_len: int,
+    *,
+    inplace: bool = False,
 ) -> torch.Tensor:
-    """Rotates the last ``rope_dim`` features of ``x [T, ..., D]`` by each row's position."""
+    """Rotates the last ``rope_dim`` features of ``x [T, ..., D]`` by each row's position
+    (``< max_len``), in fp32. ``inplace`` writes into ``x`` (a fresh projection nobody else
+    reads): no copy of the unrotated features."""
     if rope_dim == 0:
         return x
     half = rope_dim // 2
-    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.float()[:, None] * freqs[None, :]
+    cos_table, sin_table = rope_table(x.device, rope_dim, theta, max_len)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    cos, sin = angles.cos().view(shape), angles.sin().view(shape)
-    rest, rot = x[..., :-rope_dim], x[..., -rope_dim:].float()
-    a, b = rot[..., :half], rot[..., half:]
-    rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1).to(x.dtype)
-    return torch.cat([rest, rotated], dim=-1)
+    cos = cos_table.index_select(0, positions).view(shape)
+    sin = sin_table.index_select(0, positions).view(shape)
+    out = x if inplace else x.clone()
+    a, b = x[..., -rope_dim:-half], x[..., -half:]
+    first = (a * cos).addcmul_(b, sin, value=-1)
+    second = (a * sin).addcmul_(b, cos)
+    out[..., -rope_dim:-half] = first
+    out[..., -half:] = second
+    return out
 
 
 HC_ROWS = 8192
@@ -108,23 +144,38 @@ class HyperConnection(nn.Module):
         gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-        mixed = pre[:, 0:1] * streams[0].float()
-        for j in range(1, self.hc):
-            mixed.addcmul_(pre[:, j : j + 1], streams[j].float())
-        return mixed.to(streams[0].dtype), post
+        return weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)]), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
         if self.hc == 1:
             return (streams[0] + out,)
-        mix = sinkhorn(self.res_logits.float())
-        out_f = out.float()
-        mixed = []
-        for i in range(self.hc):  # one stream at a time: fp32 temporaries of one stream's size
-            y = post[:, i : i + 1] * out_f
-            for j in range(self.hc):
-                y.addcmul_(streams[j].float(), mix[i, j])
-            mixed.append(y.to(out.dtype))
-        return tuple(mixed)
+        mix = self.mixing()
+        return tuple(
+            weighted_sum((out, *streams), [post[:, i : i + 1], *mix[i]]) for i in range(self.hc)
+        )
+
+    def mixing(self) -> torch.Tensor:
+        """``sinkhorn(res_logits)``, a function of the weights alone: computed once, again only
+        when ``res_logits`` changes (its version counter), not by every forward."""
+        logits = self.res_logits
+        key = (logits.data_ptr(), logits._version)
+        cached = getattr(self, "_mixing", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        mix = sinkhorn(logits.float())
+        if not capturing(logits.device):
+            self._mixing = (key, mix)
+        return mix
+
+
+def weighted_sum(terms: Sequence[torch.Tensor], gains: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``sum_j gains[j] * terms[j]`` accumulated in fp32 (gains fp32, per row ``[T, 1]`` or 0-dim)
+    and rounded once to the terms' dtype. Mixed-dtype kernels read the bf16 terms directly: no
+    fp32 copy of a stream is ever materialised."""
+    acc = terms[0] * gains[0]
+    for term, gain in zip(terms[1:], gains[1:], strict=True):
+        acc.addcmul_(term, gain)
+    return acc.to(terms[0].dtype)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int = 8) -> torch.Tensor:
@@ -183,7 +234,7 @@ class Attention(nn.Module):
     ) -> IndexQuery:
         n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
         q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
-        q = apply_rope(q, positions, self.index_rope_dim, self.args.rope_theta)
+        q = self.rope(q, positions, self.index_rope_dim, inplace=True)
         source = self.args.kv_source_for(self.layer)
         return IndexQuery(q, weights, source, self.args.index_topk)
 
@@ -197,18 +248,27 @@ class Attention(nn.Module):
         ctx = get_forward_context()
         positions = ctx.attn_metadata.positions
         latent = self.kv_norm(self.wkv(x))
-        kv = apply_rope(latent, positions, self.args.rope_dim, self.args.rope_theta)
+        kv = self.rope(latent, positions, self.args.rope_dim)
         if self.writes_latent:
             self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
         if self.writes_index_keys:
-            keys = apply_rope(self.index_norm(self.wk_index(latent)), positions,
-                              self.index_rope_dim, self.args.rope_theta)
+            keys = self.rope(
+                self.index_norm(self.wk_index(latent)), positions, self.index_rope_dim, inplace=True
+            )
             self.cache.index_keys[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, keys)
         return kv
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
-        return apply_rope(q, positions, self.args.rope_dim, self.args.rope_theta)
+        return self.rope(q, positions, self.args.rope_dim, inplace=True)
+
+    def rope(
+        self, x: torch.Tensor, positions: torch.Tensor, rope_dim: int, *, inplace: bool = False
+    ) -> torch.Tensor:
+        args = self.args
+        return apply_rope(
+            x, positions, rope_dim, args.rope_theta, args.max_seq_len, inplace=inplace
+        )
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
         """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
@@ -414,7 +474,7 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams]:
         """Logits at the context's logits rows, and the final streams of every row."""
         x = self.embed(input_ids)
-        streams: Streams = tuple(x.clone() for _ in range(self.args.hc_mult))
+        streams: Streams = (x,) * self.args.hc_mult  # read-only: the first post makes new ones
         for block in self.layers[: self.args.last_kv_source]:
             streams = block(streams)
         x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)

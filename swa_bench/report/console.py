@@ -80,15 +80,17 @@ def _ms(value: float, digits: int = 4) -> str:
     return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
 
 
-def timing_cell(stats: TimingStats | None, samples: int | None) -> str:
-    """Median, and under it p10–p90 (and n when it differs from the table's)."""
+def timing_cell(stats: TimingStats | None, samples: int | None, mfu: float | None = None) -> str:
+    """Median, and under it p10–p90 (and n when it differs from the table's), then the path's
+    MFU when the run measured the device's GEMM rate (a third line: the table stays 80 wide)."""
     if stats is None:
         return tables.MISSING
     head = _ms(stats.median_ms) + (" ~" if stats.noisy else "")
     spread = f"{_ms(stats.p10_ms, 3)}–{_ms(stats.p90_ms, 3)}"
     if len(stats.samples_ms) != samples:
         spread += f" n={len(stats.samples_ms)}"
-    return f"{head}\n[dim]{spread}[/]"
+    rate = "" if mfu is None else f"\n[dim]MFU {tables.fmt_share(mfu)}[/]"
+    return f"{head}\n[dim]{spread}[/]{rate}"
 
 
 def _stats(cases: Sequence[CaseResult]) -> list[TimingStats]:
@@ -123,14 +125,17 @@ def latency_table(results: RunResults) -> Table:
     for case in cases:
         t = case.timing
         table.add_row(*[escape(cell(case)) for _, cell in columns],
-                      timing_cell(t.reference if t else None, samples),
-                      timing_cell(t.replay if t else None, samples),
+                      timing_cell(t.reference if t else None, samples, case.mfu.get("reference")),
+                      timing_cell(t.replay if t else None, samples, case.mfu.get("replay")),
                       tables.fmt_ratio(case.speedup), tables.fmt_ratio(case.ideal_speedup),
                       _case_verdict(case))
     if stats:
         n = f"n={samples} samples" if samples is not None else "n samples as shown"
+        mfu = ("; MFU: achieved TFLOP/s over the device's measured GEMM rate"
+               if any(c.mfu for c in cases) else "")
         table.caption = (f"ms: median, under it p10–p90 ({n}); ~ unstable (IQR > 10% of the "
-                         "median); ideal: FLOPs ratio; checks: passed/judged, +Ni info results")
+                         f"median); ideal: FLOPs ratio; checks: passed/judged, +Ni info "
+                         f"results{mfu}")
         table.caption_justify = "left"
     return table
 

@@ -50,6 +50,21 @@ def test_latency_table_fits_80_columns_and_shows_the_spread():
         assert column in header
 
 
+def test_latency_table_shows_each_paths_mfu_within_80_columns():
+    results = synthetic.synthetic_run(error=False)
+    for i, case in enumerate(results.cases):
+        case.mfu = {"reference": 0.125 + i / 1000, "replay": 0.5 + i / 1000}
+    results.cases[0].mfu = {}
+    text = rendered(latency_table(results))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text, "no cell is cut"
+    for i in range(1, len(results.cases)):
+        assert f"MFU {100 * (0.125 + i / 1000):.1f}%" in text
+        assert f"MFU {100 * (0.5 + i / 1000):.1f}%" in text
+    assert text.count("MFU ") == 2 * (len(results.cases) - 1)
+    assert "measured GEMM rate" in " ".join(text.split())
+
+
 def test_swept_parameters_are_columns():
     results = synthetic.synthetic_run(error=False)
     for case in results.cases:

@@ -1,0 +1,84 @@
+"""Host overhead of a small eager step on the GPU: graph-modes' small mixed batch (2 prefills of
+48 + 8 decodes at context 24, fp32), reference and replay paths. Prints each path's wall time
+per step (median of 20, the device synchronised), the host time to issue it, and its kernel
+launches by kind (torch.profiler). The target: an eager step under 15 ms.
+
+    python3 scripts/hotpath_gpu.py [preset]
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from profile_gpu import kind
+from torch.profiler import ProfilerActivity, profile
+
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.args import PRESETS
+from swa_bench.model.model import build_model
+from swa_bench.model.requests import RequestSpec
+
+ITERS = 20
+
+
+def main() -> None:
+    preset = sys.argv[1] if len(sys.argv) > 1 else "small"
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    args = PRESETS[preset]
+    model, _ = build_model(args, seed=0, device=dev, dtype=torch.float32)
+    requests = [RequestSpec(prompt_len=48)] * 2 + [RequestSpec(prompt_len=25, decode=True)] * 8
+    inputs = StepInputs.seeded(requests, args.vocab_size, 0)
+    config = EngineConfig(policy="bounded", graph_mode="eager", trim_threshold=64,
+                          capture_sizes=(8, 16, 32, 64, 128, 256))
+    lines = [f"{preset} eager mixed step ({sum(r.query_len for r in requests)} tokens) on {dev}"]
+    for name, cfg in (("reference", config.reference()), ("replay", config)):
+        engine = Engine(model, cfg)
+        inputs.fill_context(engine)
+        step = lambda e=engine: e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)  # noqa: E731
+        for _ in range(3):
+            step()
+        sync()
+        walls, hosts = [], []
+        for _ in range(ITERS):
+            start = time.perf_counter()
+            step()
+            hosts.append(1e3 * (time.perf_counter() - start))
+            sync()
+            walls.append(1e3 * (time.perf_counter() - start))
+        on_cuda = dev.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+        with profile(activities=activities) as prof:
+            step()
+            sync()
+        if on_cuda:
+            events = [e for e in prof.key_averages() if e.device_time_total > 0
+                      and e.device_type == torch.autograd.DeviceType.CUDA]
+        else:
+            events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        by_kind: Counter[str] = Counter()
+        for e in events:
+            by_kind[kind(e.key)] += e.count
+        (out / f"hotpath-{preset}-{name}.txt").write_text(
+            prof.key_averages().table(sort_by="count", row_limit=40, max_name_column_width=90))
+        lines.append(f"  {name:9s} {statistics.median(walls):7.2f} ms/step "
+                     f"(host {statistics.median(hosts):6.2f} ms), {sum(by_kind.values())} "
+                     f"{'kernels' if on_cuda else 'aten ops'}: "
+                     + ", ".join(f"{k} {n}" for k, n in by_kind.most_common()))
+    text = "\n".join(lines)
+    (out / f"hotpath-{preset}.txt").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
