@@ -50,15 +50,20 @@ from swa_bench.model.requests import RequestSpec
 
 runs, out = Path(sys.argv[1]), Path(sys.argv[2])
 args = PRESETS["v41-flash"]
-print("| tokens | mode | reference ms | replay ms | speedup | FLOP-ideal (counter) "
-      "| FLOP-ideal (model) | peak extra ref / replay GiB | device max GiB | E1 | E5 |")
+rates = {}
+print("| tokens | mode | reference ms | replay ms | speedup | FLOP-ideal (counter / model) "
+      "| efficiency | reference TFLOP/s (MFU) | replay TFLOP/s (MFU) | device max GiB | E5 |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name in ("eager-16k", "piecewise-16k", "eager-64k", "piecewise-64k"):
     path = runs / name / "results.json"
     if not path.exists():
         print(f"| {name} | no results (see {name}.log) |")
         continue
-    for case in json.loads(path.read_text())["cases"]:
+    data = json.loads(path.read_text())
+    gemm = (data.get("environment") or {}).get("gemm_tflops")
+    if gemm:
+        rates[name] = gemm
+    for case in data["cases"]:
         t = case.get("timing") or {}
         ref, rep = (t.get("reference") or {}), (t.get("replay") or {})
         kept = case.get("deterministic", {}).get("kept_rows", args.window)
@@ -70,16 +75,20 @@ for name in ("eager-16k", "piecewise-16k", "eager-64k", "piecewise-64k"):
         checks = {c["id"]: ("pass" if c["passed"] else "FAIL: " + c["message"][:60])
                   for c in case.get("checks", [])}
         fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+        tf, mfu = case.get("achieved_tflops") or {}, case.get("mfu") or {}
+        rate = lambda p: (f"{tf[p]:.0f} ({100 * mfu[p]:.0f}%)" if p in tf and p in mfu  # noqa: E731
+                          else "-")
         print(f"| {case['tokens']} | {case['graph_mode']} | {fmt(ref.get('median_ms'), '.1f')} "
               f"| {fmt(rep.get('median_ms'), '.1f')} | {fmt(case.get('speedup'), '.2f')}x "
-              f"| {fmt(case.get('ideal_speedup'), '.2f')}x | {model:.2f}x "
-              f"| {peak.get('reference', 0) / 2**30:.1f} / {peak.get('replay', 0) / 2**30:.1f} "
-              f"| {max(mem, default=0) / 1024:.1f} | {checks.get('E1', '-')} "
-              f"| {checks.get('E5', '-')} |")
+              f"| {fmt(case.get('ideal_speedup'), '.2f')}x / {model:.2f}x "
+              f"| {fmt(case.get('efficiency'), '.0%')} | {rate('reference')} | {rate('replay')} "
+              f"| {max(mem, default=0) / 1024:.1f} | {checks.get('E5', '-')} |")
         if case.get("status") == "error":
             print(f"|   | error: {case['error'].splitlines()[0][:150]} |")
         breakdown = t.get("breakdown_ms") or {}
         if breakdown:
             print(f"|   | replay breakdown ms: "
                   f"{', '.join(f'{k} {v:.2f}' for k, v in breakdown.items())} |")
+print("\nMFU against the GEMM rate each run measured on this device: "
+      + ", ".join(f"{k} {v}" for k, v in rates.items()))
 PY
