@@ -46,8 +46,10 @@ def make_groups(layout: ParallelLayout) -> ParallelGroups:
     """Every rank creates every group (torch.distributed's rule); each keeps its own."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != layout.world_size:
-        raise ValueError(f"the layout dp={layout.dp} x tp={layout.tp} needs {layout.world_size} "
-                         f"processes, got {world}")
+        raise ValueError(
+            f"the layout dp={layout.dp} x tp={layout.tp} needs {layout.world_size} "
+            f"processes, got {world}"
+        )
     tp_group = dp_group = None
     for d in range(layout.dp):
         ranks = list(range(d * layout.tp, (d + 1) * layout.tp))
@@ -59,8 +61,9 @@ def make_groups(layout: ParallelLayout) -> ParallelGroups:
         group = dist.new_group(ranks)
         if rank in ranks:
             dp_group = group
-    return ParallelGroups(layout, rank, tp_group if layout.tp > 1 else None,
-                          dp_group if layout.dp > 1 else None)
+    return ParallelGroups(
+        layout, rank, tp_group if layout.tp > 1 else None, dp_group if layout.dp > 1 else None
+    )
 
 
 def init_from_env() -> torch.device:
@@ -69,8 +72,7 @@ def init_from_env() -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device,
-                                timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(minutes=10))
         return device
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     return torch.device("cpu")

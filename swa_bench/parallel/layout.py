@@ -41,14 +41,25 @@ def layout_problems(layout: ParallelLayout, args: ModelArgs) -> list[tuple[str, 
     elif args.o_groups % tp:
         out.append(("tp", f"{tp} does not divide the {args.o_groups} output groups (o_groups)"))
     if ep not in (1, tp):
-        out.append(("ep", f"must be 1 (experts sliced by width) or tp={tp} (experts split), "
-                          f"got {ep}"))
+        out.append(
+            ("ep", f"must be 1 (experts sliced by width) or tp={tp} (experts split), got {ep}")
+        )
     elif args.n_routed_experts % ep:
         out.append(("ep", f"{ep} does not divide the {args.n_routed_experts} routed experts"))
     elif ep == 1 and args.moe_inter_dim % tp:
-        out.append(("tp", f"{tp} does not divide the expert width moe_inter_dim="
-                          f"{args.moe_inter_dim} (with ep: 1 each rank holds a slice of it)"))
+        out.append(
+            (
+                "tp",
+                f"{tp} does not divide the expert width moe_inter_dim="
+                f"{args.moe_inter_dim} (with ep: 1 each rank holds a slice of it)",
+            )
+        )
     if args.n_shared_experts and (args.n_shared_experts * args.moe_inter_dim) % tp:
-        out.append(("tp", f"{tp} does not divide the shared experts' width "
-                          f"{args.n_shared_experts * args.moe_inter_dim}"))
+        out.append(
+            (
+                "tp",
+                f"{tp} does not divide the shared experts' width "
+                f"{args.n_shared_experts * args.moe_inter_dim}",
+            )
+        )
     return out

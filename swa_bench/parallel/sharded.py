@@ -42,8 +42,9 @@ class TensorParallelAttention(Attention):
 
     def __init__(self, args: ModelArgs, layer: int, group: dist.ProcessGroup) -> None:
         tp = group.size()
-        super().__init__(args.replace(n_heads=args.n_heads // tp, o_groups=args.o_groups // tp),
-                         layer)
+        super().__init__(
+            args.replace(n_heads=args.n_heads // tp, o_groups=args.o_groups // tp), layer
+        )
         self.group = group
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,7 +56,11 @@ class ExpertParallelMoE(MoE):
     summed over the group."""
 
     def __init__(
-        self, args: ModelArgs, layout: ParallelLayout, rank: int, group: dist.ProcessGroup,
+        self,
+        args: ModelArgs,
+        layout: ParallelLayout,
+        rank: int,
+        group: dist.ProcessGroup,
         experts: RoutedExperts | None = None,
     ) -> None:
         super().__init__(local_expert_args(args, layout), experts)
@@ -96,8 +101,11 @@ def local_expert_args(args: ModelArgs, layout: ParallelLayout) -> ModelArgs:
     experts are width-sliced (ep == 1), of full width when split (ep == tp)."""
     e = args.n_routed_experts // layout.ep
     inter = args.moe_inter_dim // (layout.tp if layout.ep == 1 else 1)
-    return args.replace(n_routed_experts=e, n_activated_experts=min(args.n_activated_experts, e),
-                        moe_inter_dim=inter)
+    return args.replace(
+        n_routed_experts=e,
+        n_activated_experts=min(args.n_activated_experts, e),
+        moe_inter_dim=inter,
+    )
 
 
 def build_sharded_model(
@@ -116,8 +124,9 @@ def build_sharded_model(
     tp_rank = rank % layout.tp
     with torch.device("meta"):
         model = Transformer(args)
-        pools = nn.ModuleList(RoutedExperts(local_expert_args(args, layout))
-                              for _ in range(len(model.expert_pools)))
+        pools = nn.ModuleList(
+            RoutedExperts(local_expert_args(args, layout)) for _ in range(len(model.expert_pools))
+        )
         model.expert_pools = pools
         for i, block in enumerate(model.layers):
             block.attn = TensorParallelAttention(args, i, group)
