@@ -31,20 +31,27 @@ def _step(engine: Engine, inputs: StepInputs) -> StepOutput:
     return engine.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)
 
 
-def _within_envelope(prefix: str, a: StepOutput, b: StepOutput, ea: Engine, eb: Engine,
-                     dtype: torch.dtype) -> list:
-    diags = [compare(f"{prefix}logits", a.logits, b.logits,
-                     envelope_tolerance(b.logits, dtype))]
+def _within_envelope(
+    prefix: str, a: StepOutput, b: StepOutput, ea: Engine, eb: Engine, dtype: torch.dtype
+) -> list:
+    diags = [compare(f"{prefix}logits", a.logits, b.logits, envelope_tolerance(b.logits, dtype))]
     theirs = eb.cache.tensors()
     for name, t in ea.cache.tensors().items():
-        diags.append(compare(f"{prefix}cache.{name}", t, theirs[name],
-                             envelope_tolerance(theirs[name], dtype)))
+        diags.append(
+            compare(
+                f"{prefix}cache.{name}", t, theirs[name], envelope_tolerance(theirs[name], dtype)
+            )
+        )
     return diags
 
 
 def check_dp(
-    model: Transformer, inputs: StepInputs, config: EngineConfig, group: dist.ProcessGroup,
-    *, disagree: bool = False,
+    model: Transformer,
+    inputs: StepInputs,
+    config: EngineConfig,
+    group: dist.ProcessGroup,
+    *,
+    disagree: bool = False,
 ) -> list[CheckResult]:
     """DP.route, DP.alone and DP.graph for this rank's ``inputs``; ``disagree`` is the test hook
     of a rank that ignores the agreement."""
@@ -56,30 +63,57 @@ def check_dp(
         alone = Engine(model, config)
         ref = _step(alone, inputs)
         checks = [
-            CheckResult(id="DP.route", name="DP ranks take one route", passed=report.agreed,
-                        mode="bitwise", message=report.describe()),
-            check_result("DP.alone", "DP rank == the same requests alone",
-                         _within_envelope("", out, ref, agreeing, alone, dtype),
-                         envelope_tolerance(ref.logits, dtype), f"this rank: {out.plan.reason}"),
+            CheckResult(
+                id="DP.route",
+                name="DP ranks take one route",
+                passed=report.agreed,
+                mode="bitwise",
+                message=report.describe(),
+            ),
+            check_result(
+                "DP.alone",
+                "DP rank == the same requests alone",
+                _within_envelope("", out, ref, agreeing, alone, dtype),
+                envelope_tolerance(ref.logits, dtype),
+                f"this rank: {out.plan.reason}",
+            ),
         ]
         if config.graph_mode == "eager":
-            checks.append(CheckResult(id="DP.graph", name="DP graph replay == eager", passed=True,
-                                      mode="info", message="eager case: no graph to compare"))
+            checks.append(
+                CheckResult(
+                    id="DP.graph",
+                    name="DP graph replay == eager",
+                    passed=True,
+                    mode="info",
+                    message="eager case: no graph to compare",
+                )
+            )
             return checks
         graph = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree))
         eager = Engine(model, EngineConfig(policy=config.policy, halo_align=config.halo_align))
         inputs.fill_context(eager)
         g = _step(graph, inputs)
-        e = graph.eager_equivalent(inputs.requests, inputs.step_tokens, inputs.cache_indices,
-                                   on=eager)
+        e = graph.eager_equivalent(
+            inputs.requests, inputs.step_tokens, inputs.cache_indices, on=eager
+        )
         diags = [compare("logits", g.logits, e.logits, None)]
-        diags += [compare(f"stream{i}", a, b, None)
-                  for i, (a, b) in enumerate(zip(g.streams, e.streams, strict=True))]
+        diags += [
+            compare(f"stream{i}", a, b, None)
+            for i, (a, b) in enumerate(zip(g.streams, e.streams, strict=True))
+        ]
         theirs = eager.cache.tensors()
-        diags += [compare(f"cache.{n}", t, theirs[n], None)
-                  for n, t in graph.cache.tensors().items()]
-        checks.append(check_result("DP.graph", f"DP {config.graph_mode} replay == eager", diags,
-                                   None, f"agreed padded size {g.plan.graph_size}"))
+        diags += [
+            compare(f"cache.{n}", t, theirs[n], None) for n, t in graph.cache.tensors().items()
+        ]
+        checks.append(
+            check_result(
+                "DP.graph",
+                f"DP {config.graph_mode} replay == eager",
+                diags,
+                None,
+                f"agreed padded size {g.plan.graph_size}",
+            )
+        )
     return checks
 
 
@@ -92,5 +126,10 @@ def check_tp(
         a_engine, b_engine = Engine(sharded, config), Engine(one_rank, config)
         a, b = _step(a_engine, inputs), _step(b_engine, inputs)
         diags = _within_envelope("", a, b, a_engine, b_engine, dtype)
-    return check_result("TP.one_rank", "sharded model == one rank", diags,
-                        envelope_tolerance(b.logits, dtype), a.plan.reason)
+    return check_result(
+        "TP.one_rank",
+        "sharded model == one rank",
+        diags,
+        envelope_tolerance(b.logits, dtype),
+        a.plan.reason,
+    )

@@ -36,8 +36,12 @@ class ParallelCaseRunner(CaseRunner):
     checks across ranks, timing under the DP agreement."""
 
     def __init__(
-        self, scenario: Scenario, groups: ParallelGroups, device: torch.device,
-        *, disagree: bool = False,
+        self,
+        scenario: Scenario,
+        groups: ParallelGroups,
+        device: torch.device,
+        *,
+        disagree: bool = False,
     ) -> None:
         super().__init__(scenario)
         self.device, self.groups, self.disagree = device, groups, disagree
@@ -48,15 +52,23 @@ class ParallelCaseRunner(CaseRunner):
         sc, g = case.scenario, self.groups
         if g.tp_group is None:
             return super().build_model(case)
-        return build_sharded_model(case.model_args(), g.layout, g.rank, g.tp_group, seed=sc.seed,
-                                   device=self.device, dtype=DTYPES[sc.dtype])[0]
+        return build_sharded_model(
+            case.model_args(),
+            g.layout,
+            g.rank,
+            g.tp_group,
+            seed=sc.seed,
+            device=self.device,
+            dtype=DTYPES[sc.dtype],
+        )[0]
 
     def inputs(self, case: Case, model: Transformer) -> StepInputs:
         whole = super().inputs(case, model)
         dp, rank = self.groups.layout.dp, self.groups.dp_rank
         requests = whole.requests[rank::dp]
-        return StepInputs.seeded(requests, model.args.vocab_size, case.scenario.seed + rank,
-                                 whole.indices[rank::dp])
+        return StepInputs.seeded(
+            requests, model.args.vocab_size, case.scenario.seed + rank, whole.indices[rank::dp]
+        )
 
     def run_checks(self, case, model, inputs):
         checks = super().run_checks(case, model, inputs)
@@ -66,19 +78,28 @@ class ParallelCaseRunner(CaseRunner):
         if g.dp_group is not None:
             checks += check_dp(model, inputs, config, g.dp_group, disagree=self.disagree)
         if g.tp_group is not None:
-            one_rank, _ = build_model(case.model_args(), seed=case.scenario.seed,
-                                      device=self.device, dtype=model.embed.weight.dtype)
+            one_rank, _ = build_model(
+                case.model_args(),
+                seed=case.scenario.seed,
+                device=self.device,
+                dtype=model.embed.weight.dtype,
+            )
             checks.append(check_tp(model, one_rank, inputs, config))
         return checks
 
 
 def rank_result(groups: ParallelGroups, result: CaseResult, inputs: StepInputs) -> RankResult:
     replay = result.timing.replay if result.timing is not None else None
-    return RankResult(rank=groups.rank, dp_rank=groups.dp_rank, tp_rank=groups.tp_rank,
-                      num_requests=len(inputs.requests), tokens=inputs.num_tokens,
-                      replay_route=result.replay_route,
-                      replay_ms=None if replay is None else replay.median_ms,
-                      mfu_replay=result.mfu.get("replay"))
+    return RankResult(
+        rank=groups.rank,
+        dp_rank=groups.dp_rank,
+        tp_rank=groups.tp_rank,
+        num_requests=len(inputs.requests),
+        tokens=inputs.num_tokens,
+        replay_route=result.replay_route,
+        replay_ms=None if replay is None else replay.median_ms,
+        mfu_replay=result.mfu.get("replay"),
+    )
 
 
 def merge(per_rank: list[tuple[CaseResult, RankResult]], groups: ParallelGroups) -> CaseResult:
@@ -89,21 +110,27 @@ def merge(per_rank: list[tuple[CaseResult, RankResult]], groups: ParallelGroups)
         if result.status != "ok" and merged.status == "ok":
             merged.status, merged.error = result.status, result.error
     layout = groups.layout
-    merged.parallel = ParallelResult(dp=layout.dp, tp=layout.tp, ep=layout.ep,
-                                     ranks=[share for _, share in per_rank])
+    merged.parallel = ParallelResult(
+        dp=layout.dp, tp=layout.tp, ep=layout.ep, ranks=[share for _, share in per_rank]
+    )
     if any(not c.passed for c in merged.checks) and merged.status == "ok":
         merged.status = "failed"
     return merged
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun ... -m swa_bench.run.parallel",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="torchrun ... -m swa_bench.run.parallel", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("scenario", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="run folder (rank 0 writes it)")
     parser.add_argument("--no-timing", action="store_true", help="the checks only")
-    parser.add_argument("--disagree-rank", type=int, default=None,
-                        help="test hook: this rank ignores the DP agreement (must be caught)")
+    parser.add_argument(
+        "--disagree-rank",
+        type=int,
+        default=None,
+        help="test hook: this rank ignores the DP agreement (must be caught)",
+    )
     args = parser.parse_args(argv)
     try:
         scenario, cases = load_cases(args.scenario)
@@ -117,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.scenario}: parallel: {err}", file=sys.stderr)
         dist.destroy_process_group()
         return 2
-    runner = ParallelCaseRunner(scenario, groups, device,
-                                disagree=args.disagree_rank == groups.rank)
+    runner = ParallelCaseRunner(
+        scenario, groups, device, disagree=args.disagree_rank == groups.rank
+    )
     merged = []
     for case in cases:
         result = runner.run_case(case, timing=not args.no_timing)
@@ -134,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         environment = capture_environment(scenario.timing.threads)
         environment["world_size"] = dist.get_world_size()
         results = RunResults(
-            scenario_name=scenario.name, scenario_file=str(args.scenario),
+            scenario_name=scenario.name,
+            scenario_file=str(args.scenario),
             scenario_hash=scenario_hash(scenario.source_text),
-            scenario=json.loads(scenario.model_dump_json()), environment=environment,
-            started_at=now, finished_at=now, cases=merged,
+            scenario=json.loads(scenario.model_dump_json()),
+            environment=environment,
+            started_at=now,
+            finished_at=now,
+            cases=merged,
         )
         save_results(out, results)
         print_table(merged)
@@ -147,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(cases: list[CaseResult]) -> None:
-    print(f"{'case':44} {'rank':>4} {'ref ms':>9} {'replay ms':>9} {'speedup':>7} "
-          f"{'MFU/GPU':>7}  checks  route")
+    print(
+        f"{'case':44} {'rank':>4} {'ref ms':>9} {'replay ms':>9} {'speedup':>7} "
+        f"{'MFU/GPU':>7}  checks  route"
+    )
     for case in cases:
         failed = [c.id for c in case.checks if not c.passed]
         checks = "pass" if not failed else "FAIL " + " ".join(failed)
@@ -157,10 +191,12 @@ def print_table(cases: list[CaseResult]) -> None:
             speed = f"{case.speedup:.2f}x" if case.speedup and share.rank == 0 else ""
             mfu = f"{share.mfu_replay:.1%}" if share.mfu_replay is not None else ""
             replay = "" if share.replay_ms is None else f"{share.replay_ms:.2f}"
-            print(f"{case.label[:44]:44} {share.rank:>4} {ref if share.rank == 0 else '':>9} "
-                  f"{replay:>9} "
-                  f"{speed:>7} {mfu:>7}  {checks if share.rank == 0 else '':6}  "
-                  f"{share.replay_route or ''}")
+            print(
+                f"{case.label[:44]:44} {share.rank:>4} {ref if share.rank == 0 else '':>9} "
+                f"{replay:>9} "
+                f"{speed:>7} {mfu:>7}  {checks if share.rank == 0 else '':6}  "
+                f"{share.replay_route or ''}"
+            )
 
 
 if __name__ == "__main__":
