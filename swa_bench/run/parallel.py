@@ -72,7 +72,8 @@ class ParallelCaseRunner(CaseRunner):
 
     def run_checks(self, case, model, inputs):
         checks = super().run_checks(case, model, inputs)
-        if not any(c.enabled for c in (case.scenario.checks.e1, case.scenario.checks.e3)):
+        cfg = case.scenario.checks
+        if not any(c.enabled for c in (cfg.e1, cfg.e2, cfg.e3, cfg.e4, cfg.e5)):
             return checks
         config, g = engine_config(case).resolved(model.args.window), self.groups
         if g.dp_group is not None:
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="run folder (rank 0 writes it)")
     parser.add_argument("--no-timing", action="store_true", help="the checks only")
     parser.add_argument(
+        "--select", "-k", default=None, help="only the cases whose label or id contains this"
+    )
+    parser.add_argument(
         "--disagree-rank",
         type=int,
         default=None,
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as err:
         print(err, file=sys.stderr)
         return 2
+    if args.select is not None:
+        cases = [c for c in cases if args.select in c.label() or args.select in c.case_id]
     device = init_from_env()
     try:
         groups = make_groups(scenario.parallel.layout())
@@ -179,22 +185,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(cases: list[CaseResult]) -> None:
+    """Per case and rank: times, speedup, MFU per GPU (reference on rank 0, replay per rank)."""
     print(
         f"{'case':44} {'rank':>4} {'ref ms':>9} {'replay ms':>9} {'speedup':>7} "
-        f"{'MFU/GPU':>7}  checks  route"
+        f"{'MFU ref':>7} {'MFU rep':>7}  checks  route"
     )
     for case in cases:
         failed = [c.id for c in case.checks if not c.passed]
         checks = "pass" if not failed else "FAIL " + " ".join(failed)
-        ref = f"{case.timing.reference.median_ms:.2f}" if case.timing else ""
+        if case.status == "error":
+            checks = "ERROR " + (case.error or "").splitlines()[0][:60]
         for share in case.parallel.ranks:
-            speed = f"{case.speedup:.2f}x" if case.speedup and share.rank == 0 else ""
-            mfu = f"{share.mfu_replay:.1%}" if share.mfu_replay is not None else ""
-            replay = "" if share.replay_ms is None else f"{share.replay_ms:.2f}"
+            first = share.rank == 0
+            ref = f"{case.timing.reference.median_ms:.2f}" if case.timing and first else ""
+            speed = f"{case.speedup:.2f}x" if case.speedup and first else ""
+            mfu_ref = case.mfu.get("reference") if first else None
+            cells = [
+                "" if share.replay_ms is None else f"{share.replay_ms:.2f}",
+                "" if mfu_ref is None else f"{mfu_ref:.1%}",
+                "" if share.mfu_replay is None else f"{share.mfu_replay:.1%}",
+            ]
             print(
-                f"{case.label[:44]:44} {share.rank:>4} {ref if share.rank == 0 else '':>9} "
-                f"{replay:>9} "
-                f"{speed:>7} {mfu:>7}  {checks if share.rank == 0 else '':6}  "
+                f"{case.label[:44]:44} {share.rank:>4} {ref:>9} {cells[0]:>9} {speed:>7} "
+                f"{cells[1]:>7} {cells[2]:>7}  {checks if first else '':6}  "
                 f"{share.replay_route or ''}"
             )
 
