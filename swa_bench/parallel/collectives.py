@@ -51,19 +51,19 @@ def make_groups(layout: ParallelLayout) -> ParallelGroups:
             f"processes, got {world}"
         )
     tp_group = dp_group = None
-    for d in range(layout.dp):
-        ranks = list(range(d * layout.tp, (d + 1) * layout.tp))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            tp_group = group
-    for t in range(layout.tp):
-        ranks = list(range(t, world, layout.tp))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            dp_group = group
-    return ParallelGroups(
-        layout, rank, tp_group if layout.tp > 1 else None, dp_group if layout.dp > 1 else None
-    )
+    if layout.tp > 1:
+        for d in range(layout.dp):
+            ranks = list(range(d * layout.tp, (d + 1) * layout.tp))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                tp_group = group
+    if layout.dp > 1:
+        for t in range(layout.tp):
+            ranks = list(range(t, world, layout.tp))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                dp_group = group
+    return ParallelGroups(layout, rank, tp_group, dp_group)
 
 
 def init_from_env() -> torch.device:

@@ -132,20 +132,18 @@ def build_sharded_model(
             block.attn = TensorParallelAttention(args, i, group)
             pool = pools[i % len(pools)] if len(pools) else None
             block.moe = ExpertParallelMoE(args, layout, tp_rank, group, pool)
-    model = model.to_empty(device=torch.device(device)).to(dtype)
+    model = model.to(dtype).to_empty(device=torch.device(device))
     shards = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in full.named_parameters():
-            shards[name].copy_(shard_of(name, p, args, layout, tp_rank))
+            shards[name].copy_(shard_of(name, p, layout, tp_rank))
     del full
     model.eval().requires_grad_(False)
     model.attach_cache(cache)
     return model, cache
 
 
-def shard_of(
-    name: str, full: torch.Tensor, args: ModelArgs, layout: ParallelLayout, tp_rank: int
-) -> torch.Tensor:
+def shard_of(name: str, full: torch.Tensor, layout: ParallelLayout, tp_rank: int) -> torch.Tensor:
     """Rank ``tp_rank``'s part of the full parameter ``name`` (the whole of a replicated one)."""
     tp = layout.tp
 
@@ -157,7 +155,7 @@ def shard_of(
         """Gate and up projections stacked along ``dim``: the same slice of each."""
         return torch.cat([part(h, dim, parts, index) for h in t.chunk(2, dim=dim)], dim=dim)
 
-    leaf = name.rsplit(".", 2)
+    leaf = name.rsplit(".", 1)[-1]
     if name.endswith(("attn.wq_b.weight", "attn.sink", "attn.wo_a")):
         return part(full, 0, tp, tp_rank)
     if name.endswith("attn.wo_b.weight"):
@@ -166,8 +164,8 @@ def shard_of(
         return halves(full, 0, tp, tp_rank)
     if name.endswith("moe.shared_w2.weight"):
         return part(full, 1, tp, tp_rank)
-    if leaf[-1] in ("w13", "w2"):
+    if leaf in ("w13", "w2"):  # routed experts [E, out, in], a layer's own or a shared pool
         if layout.ep > 1:
             return part(full, 0, layout.ep, tp_rank % layout.ep)
-        return halves(full, 1, tp, tp_rank) if leaf[-1] == "w13" else part(full, 2, tp, tp_rank)
+        return halves(full, 1, tp, tp_rank) if leaf == "w13" else part(full, 2, tp, tp_rank)
     return full

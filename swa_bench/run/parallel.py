@@ -4,8 +4,9 @@ SCENARIO [--out DIR]`` (N = dp x tp of the scenario's ``parallel`` layout).
 Every rank builds the model (its TP/EP shard when tp > 1) and runs every case: E1-E5 on its own
 batch (a DP rank's batch is the case's requests dealt round-robin over the DP ranks), the checks
 across ranks (``checks.parallel``), and timing with the DP ranks agreeing each step's route.
-Rank 0 gathers every rank's results into one results.json: rank 0's figures, every rank's checks
-(ids suffixed ``@rN`` beyond rank 0) and each rank's route and time under ``parallel``.
+Rank 0 gathers every rank's results into one results.json (and the reports): rank 0's figures,
+every rank's checks (ids suffixed ``@rN`` beyond rank 0), each rank's route and time under
+``parallel``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from swa_bench.model.model import Transformer, build_model
 from swa_bench.parallel.agreement import DataParallelAgreement
 from swa_bench.parallel.collectives import ParallelGroups, init_from_env, make_groups
 from swa_bench.parallel.sharded import build_sharded_model
-from swa_bench.results import CaseResult, ParallelResult, RankResult, RunResults, save_results
+from swa_bench.report import write_reports
+from swa_bench.results import (
+    CaseResult,
+    CheckResult,
+    ParallelResult,
+    RankResult,
+    RunResults,
+    save_results,
+)
 from swa_bench.run.cases import DTYPES, CaseRunner, engine_config
 from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
 
@@ -111,6 +120,17 @@ def merge(per_rank: list[tuple[CaseResult, RankResult]], groups: ParallelGroups)
         if result.status != "ok" and merged.status == "ok":
             merged.status, merged.error = result.status, result.error
     layout = groups.layout
+    routes = [share.replay_route for _, share in per_rank]
+    if layout.dp > 1 and all(routes):
+        merged.checks.append(
+            CheckResult(
+                id="DP.timed_route",
+                name="every rank timed the same route",
+                mode="bitwise",
+                passed=len(set(routes)) == 1,
+                message="; ".join(f"rank {r}: {route}" for r, route in enumerate(routes)),
+            )
+        )
     merged.parallel = ParallelResult(
         dp=layout.dp, tp=layout.tp, ep=layout.ep, ranks=[share for _, share in per_rank]
     )
@@ -178,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             cases=merged,
         )
         save_results(out, results)
+        write_reports(out)
         print_table(merged)
         print(f"results: {out / 'results.json'}")
     dist.destroy_process_group()
