@@ -291,6 +291,12 @@ def run(
                                         "against; regressions exit 1.", show_default=False),
     ] = None,
     max_cases: MaxCases = MAX_CASES,
+    gpus: Annotated[
+        int, typer.Option("--gpus", min=1,
+                          help="Spread each scenario's cases over N worker processes, one per "
+                               "visible GPU (on a CPU machine N processes share the cores); one "
+                               "results.json, --resume keeps every finished case.")
+    ] = 1,
 ) -> None:
     """Run scenarios: checks, timing and FLOPs of every case, saved under --out.
 
@@ -317,6 +323,13 @@ def run(
     if resume and overwrite:
         _say_error("swa-bench run: --resume and --overwrite contradict each other; pick one")
         raise typer.Exit(2)
+    for path, scenario, _ in loaded:
+        layout = scenario.parallel.layout()
+        if layout.parallel:
+            _say_error(f"{path}: parallel: dp x tp = {layout.world_size} processes; run it with "
+                       f"torchrun --nproc-per-node {layout.world_size} -m swa_bench.run.parallel "
+                       f"{path}")
+            raise typer.Exit(2)
     from swa_bench.results import load_results
     from swa_bench.run.folder import Interrupted, check_target
 
@@ -334,7 +347,8 @@ def run(
         with _default_threads():
             code = run_scenarios([LoadedScenario(*item) for item in loaded], out=out,
                                  resume=resume, overwrite=overwrite, baseline=baseline,
-                                 select=select, max_cases=max_cases, console=Console())
+                                 select=select, max_cases=max_cases, gpus=gpus,
+                                 console=Console())
     except Interrupted as err:
         _say_error(str(err))
         raise typer.Exit(130) from None

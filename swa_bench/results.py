@@ -99,6 +99,26 @@ class Approximation(_Strict):
     continuation_steps: int
 
 
+class RankResult(_Strict):
+    """One rank's share of a parallel case: its batch and the route its timed replay step took."""
+
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    num_requests: int
+    tokens: int
+    replay_route: str | None = None
+    replay_ms: float | None = None
+    mfu_replay: float | None = None
+
+
+class ParallelResult(_Strict):
+    dp: int
+    tp: int
+    ep: int
+    ranks: list[RankResult] = []
+
+
 class CaseResult(_Strict):
     case_id: str
     index: int
@@ -127,6 +147,7 @@ class CaseResult(_Strict):
     capture_seconds: float | None = None  # capturing the replay path's graphs, all sizes
     graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
     approximation: Approximation | None = None
+    parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
 
     def outcome(self) -> Verdict:
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""

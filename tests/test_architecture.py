@@ -15,7 +15,7 @@ LAYERS = [
     ("kernels", ["swa_bench.kernels"]),
     ("model", ["swa_bench.model"]),
     ("replay", ["swa_bench.replay"]),
-    ("runtime", ["swa_bench.graphs", "swa_bench.engine"]),
+    ("runtime", ["swa_bench.graphs", "swa_bench.engine", "swa_bench.parallel"]),
     ("checks and bench", ["swa_bench.checks", "swa_bench.bench", "swa_bench.results",
                           "swa_bench.scenario"]),
     ("reports", ["swa_bench.report", "swa_bench.compare"]),

@@ -37,6 +37,7 @@ CORPUS = [
     ("zip_length_mismatch.yaml", "sweep.zip[0].model.overrides.window"),
     ("bitwise_tolerance.yaml", "checks.e3.rtol"),
     ("too_long.yaml", "workload.generators.0.prompt_len"),
+    ("layout_heads.yaml", "parallel.tp"),
     ("invalid_yaml.yaml", None),
     ("empty.yaml", None),
     ("does_not_exist.yaml", None),
@@ -137,6 +138,15 @@ def test_validate_reports_every_file_then_exits_2():
     assert result.exit_code == 2
     assert result.stdout.startswith(f"ok  {good}")
     assert result.stderr.startswith(f"{bad}: seed: ")
+
+
+def test_run_refuses_a_parallel_layout_with_the_torchrun_command():
+    path = str(REPO / "scenarios" / "parallel-dp2.yaml")
+    result = runner.invoke(app, ["run", path])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{path}: parallel: dp x tp = 2 processes; run it with torchrun --nproc-per-node 2 "
+        f"-m swa_bench.run.parallel {path}")
 
 
 def test_run_without_scenario_dry_runs_the_smoke_scenario():

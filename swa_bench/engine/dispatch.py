@@ -20,6 +20,17 @@ from swa_bench.replay.row_selection import halo_size, kept_lens, trims
 
 
 @dataclass(frozen=True)
+class AgreedRoute:
+    """What the data-parallel ranks agreed for a step (vLLM's DP rule): every rank replays if any
+    rank does, and graph steps pad to the largest rank's capture size (None: some rank runs
+    eagerly, so every rank does)."""
+
+    replays: bool
+    graph_size: int | None
+    ranks: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """How one step runs. ``kept_lens`` are the rows each request keeps on the replay batch (its
     query length when the decoder runs on the whole batch)."""
@@ -29,6 +40,7 @@ class StepPlan:
     kept_lens: tuple[int, ...]
     num_tokens: int
     reason: str
+    agreed: AgreedRoute | None = None  # the DP agreement this plan follows (None: one rank alone)
 
     @property
     def num_kept(self) -> int:
@@ -66,15 +78,29 @@ def plan_step(
     args: ModelArgs,
     *,
     capture_size: int | None = None,
+    agreed: AgreedRoute | None = None,
 ) -> StepPlan:
     """Plans ``requests`` as one step under a resolved ``config``.
 
     ``capture_size`` plans a graph's dummy batch at capture: a graph's route is fixed by its
-    padded size, so capture and every later replay of that size agree.
+    padded size, so capture and every later replay of that size agree. ``agreed`` is the DP
+    ranks' agreement on this step (from each rank's own plan): it fixes the route and the padded
+    size; a rank with nothing to trim then runs the replay batch with every row kept.
     """
     query = tuple(r.query_len for r in requests)
     num_tokens = sum(query)
     lens = policy_kept_lens(requests, config, args)
+    if agreed is not None:
+        route = "replay batch" if agreed.replays else "whole batch"
+        shape = "eager" if agreed.graph_size is None else f"graph of {agreed.graph_size}"
+        return StepPlan(
+            graph_size=agreed.graph_size,
+            replays=agreed.replays,
+            kept_lens=lens if agreed.replays else query,
+            num_tokens=num_tokens,
+            reason=f"DP agreement of {agreed.ranks} ranks: {route}, {shape}",
+            agreed=agreed,
+        )
     size = capture_size if capture_size is not None else graph_size_for(requests, config, args)
     if config.policy == "full":
         replays, reason = False, "policy full: the reference path"

@@ -9,13 +9,13 @@ different metadata.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from swa_bench.engine.config import EngineConfig
-from swa_bench.engine.dispatch import StepPlan, plan_step, policy_kept_lens
+from swa_bench.engine.dispatch import AgreedRoute, StepPlan, plan_step, policy_kept_lens
 from swa_bench.graphs.capture import CapturedGraphs
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
@@ -65,10 +65,15 @@ def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
 
 
 class Engine:
+    """``agree`` (data parallel) turns this rank's plan of a step into the route every rank
+    agreed (``swa_bench.parallel.agreement``); every rank must then plan the same steps."""
+
     def __init__(
-        self, model: Transformer, config: EngineConfig | None = None, cache: KVCache | None = None
+        self, model: Transformer, config: EngineConfig | None = None, cache: KVCache | None = None,
+        *, agree: Callable[[StepPlan], AgreedRoute] | None = None,
     ) -> None:
         self.model = model
+        self.agree = agree
         self.args: ModelArgs = model.args
         self.config = (config or EngineConfig()).resolved(self.args.window)
         self.device = model.embed.weight.device
@@ -85,7 +90,10 @@ class Engine:
     def plan(
         self, requests: Sequence[RequestSpec], *, capture_size: int | None = None
     ) -> StepPlan:
-        return plan_step(requests, self.config, self.args, capture_size=capture_size)
+        plan = plan_step(requests, self.config, self.args, capture_size=capture_size)
+        if self.agree is None or capture_size is not None:
+            return plan
+        return plan_step(requests, self.config, self.args, agreed=self.agree(plan))
 
     def capture(self) -> None:
         if self.graphs is not None and not self.graphs.captured:

@@ -26,6 +26,8 @@ HOST_SYNC_OPS = {
     aten.repeat_interleave.Tensor,
 }
 UNINITIALISED_OPS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default}
+# A collective's completion: it returns its input, yet replay must wait for the collective again.
+WAIT_OPS = {torch.ops._c10d_functional.wait_tensor.default}
 
 
 class CaptureError(RuntimeError):
@@ -80,7 +82,7 @@ class _TapeMode(TorchDispatchMode):
         result = func(*args, **kwargs)
         if func in UNINITIALISED_OPS:
             return result
-        if _writes_inplace(func):
+        if _writes_inplace(func) or func in WAIT_OPS:
             self.tape.append(_Op(func, args, kwargs, None))
             return result
         outputs = result if isinstance(result, (tuple, list)) else (result,)

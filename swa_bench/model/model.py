@@ -531,7 +531,7 @@ def build_model(
     device = torch.device(device)
     with torch.device("meta"):
         model = Transformer(args)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # allocated in dtype: no fp32 copy
     init_weights(model, seed)
     model.eval().requires_grad_(False)
     cache = KVCache(args, device, dtype)

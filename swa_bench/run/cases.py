@@ -11,7 +11,7 @@ import dataclasses
 import gc
 import json
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -21,6 +21,7 @@ from swa_bench.checks import equivalence
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
@@ -59,7 +60,9 @@ class CaseRunner:
     def __init__(self, scenario: Scenario) -> None:
         self.device = resolve_device(scenario)
         self.models: dict[str, Transformer] = {}
-        self.engines: dict[EngineConfig, Engine] = {}
+        self.engines: dict[tuple[EngineConfig, bool], Engine] = {}
+        # Data parallel: the timed engines agree each step's route with the other ranks.
+        self.agree: Callable[[StepPlan], AgreedRoute] | None = None
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
 
@@ -80,25 +83,37 @@ class CaseRunner:
             self.flops.clear()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            self.models[key], _ = build_model(
-                case.model_args(), seed=sc.seed, device=self.device, dtype=DTYPES[sc.dtype]
-            )
+            self.models[key] = self.build_model(case)
         return self.models[key]
 
-    def engine_pair(self, model: Transformer, config: EngineConfig) -> tuple[Engine, Engine]:
-        """(reference, replay) engines of ``config``. Graph engines of other configurations are
-        dropped first: the graph pools of one configuration at a time."""
-        keep = {config.reference(), config}
-        stale = [c for c in self.engines if c.graph_mode != "eager" and c not in keep]
+    def build_model(self, case: Case) -> Transformer:
+        sc = case.scenario
+        return build_model(case.model_args(), seed=sc.seed, device=self.device,
+                           dtype=DTYPES[sc.dtype])[0]
+
+    def inputs(self, case: Case, model: Transformer) -> StepInputs:
+        """The step this process runs for ``case``: its whole batch on one rank."""
+        sc, requests = case.scenario, case.requests()
+        indices = sc.workload.cache_indices(len(requests), model.args.max_requests, sc.seed)
+        return StepInputs.seeded(requests, model.args.vocab_size, sc.seed, indices)
+
+    def engine_pair(
+        self, model: Transformer, config: EngineConfig, *, agree: bool = False
+    ) -> tuple[Engine, Engine]:
+        """(reference, replay) engines of ``config`` (``agree``: planning under ``self.agree``).
+        Graph engines of other configurations are dropped first: the graph pools of one
+        configuration at a time."""
+        keep = {(config.reference(), agree), (config, agree)}
+        stale = [k for k in self.engines if k[0].graph_mode != "eager" and k not in keep]
         for other in stale:
             del self.engines[other]
         if stale and self.device.type == "cuda":
             gc.collect()  # whatever still holds a dropped graph, release its pool before reuse
             torch.cuda.empty_cache()
-        for c in keep:
-            if c not in self.engines:
-                self.engines[c] = Engine(model, c)
-        return self.engines[config.reference()], self.engines[config]
+        for key in keep:
+            if key not in self.engines:
+                self.engines[key] = Engine(model, key[0], agree=self.agree if agree else None)
+        return self.engines[(config.reference(), agree)], self.engines[(config, agree)]
 
     def run_checks(self, case: Case, model: Transformer, inputs: StepInputs) -> list[CheckResult]:
         return list(self.iter_checks(case, model, inputs))
@@ -141,9 +156,7 @@ class CaseRunner:
         )
         try:
             model = self.model(case)
-            requests = case.requests()
-            indices = sc.workload.cache_indices(len(requests), model.args.max_requests, sc.seed)
-            inputs = StepInputs.seeded(requests, model.args.vocab_size, sc.seed, indices)
+            inputs = self.inputs(case, model)
             result.batch, result.batch_shape = inputs.describe(), inputs.shape()
             result.checks = self.run_checks(case, model, inputs)
             if sc.checks.approximation.enabled:
@@ -174,7 +187,7 @@ class CaseRunner:
     def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
         """Both paths in the case's graph mode; every figure from the plan of the timed step."""
         config, t = engine_config(case), case.scenario.timing
-        reference, replay = self.engine_pair(model, config)
+        reference, replay = self.engine_pair(model, config, agree=self.agree is not None)
         settings = TimingSettings(warmup=t.warmup, iters=t.iters, l2_flush=t.l2_flush,
                                   threads=t.threads, breakdown=t.breakdown)
         m = measure_paths(reference, replay, inputs, settings, self.flops)

@@ -23,6 +23,7 @@ from swa_bench.report.console import case_progress, print_checks, print_run_summ
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
 from swa_bench.run.cases import CaseRunner
 from swa_bench.run.folder import claim_for
+from swa_bench.run.shards import clear_shards, run_sharded, shard_results
 from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
 
 
@@ -47,6 +48,7 @@ def run_scenarios(
     scenarios: Sequence[Path | LoadedScenario], *, out: Path | None = None, resume: bool = False,
     baseline: Path | None = None, console: Console | None = None, timing: bool = True,
     select: str | None = None, overwrite: bool = False, max_cases: int | None = None,
+    gpus: int = 1,
 ) -> int:
     """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's)."""
     console = console or Console()
@@ -57,7 +59,7 @@ def run_scenarios(
                    resume=resume, overwrite=overwrite, extra_args=extra) as run_dirs:
         for item, run_dir in zip(loaded, run_dirs, strict=True):
             results = run_one(item, run_dir, resume=resume, console=console, timing=timing,
-                              select=select)
+                              select=select, gpus=gpus, max_cases=max_cases)
             if results.verdict() != "pass":
                 code = 1
             if baseline is not None:
@@ -70,8 +72,10 @@ def run_scenarios(
 
 def run_one(
     item: LoadedScenario, run_dir: Path, *, resume: bool, console: Console,
-    timing: bool = True, select: str | None = None,
+    timing: bool = True, select: str | None = None, gpus: int = 1, max_cases: int | None = None,
 ) -> RunResults:
+    """One scenario into ``run_dir``; ``gpus`` > 1 spreads its cases over that many worker
+    processes (``shards``), merged into the one results.json."""
     from swa_bench.report import append_step_summary, write_reports
 
     path, scenario, cases = item.path, item.scenario, item.cases
@@ -95,8 +99,12 @@ def run_one(
             environment=capture_environment(scenario.timing.threads),
             started_at=_now(),
         )
+    if resume:  # cases that workers of an interrupted sharded sweep finished
+        results.cases += shard_results(run_dir)
+    else:
+        clear_shards(run_dir)
     done = {c.case_id for c in results.cases if c.status != "error"}
-    results.cases = [c for c in results.cases if c.case_id in done]
+    results.cases = list({c.case_id: c for c in results.cases if c.case_id in done}.values())
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
@@ -104,6 +112,16 @@ def run_one(
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(scenario.name, total=len(todo))
+        if gpus > 1 and len(todo) > 1:
+            progress.update(task, description=f"{scenario.name}: {gpus} workers")
+            results.cases += run_sharded(
+                path, max_cases, todo, run_dir, gpus, timing=timing,
+                on_progress=lambda n: progress.update(task, completed=n),
+            )
+            results.cases.sort(key=lambda c: c.index)
+            save_results(run_dir, results)
+            clear_shards(run_dir)
+            todo = []
         for case in todo:
             progress.update(task, description=f"{scenario.name}: {case.label()}")
             results.cases.append(runner.run_case(case, timing=timing))

@@ -35,6 +35,7 @@ from swa_bench.engine.config import GraphMode
 from swa_bench.graphs.capture_sizes import default_capture_sizes
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
+from swa_bench.parallel.layout import ParallelLayout, layout_problems
 from swa_bench.replay.row_selection import Policy
 from swa_bench.scenario.errors import Loc
 
@@ -235,6 +236,18 @@ class Sweep(_Strict):
         return not self.grid and not self.zip
 
 
+class Parallel(_Strict):
+    """The parallel layout (``swa_bench.parallel``): DP replicas of a TP group whose experts are
+    split over ``ep`` ranks (1 or tp). A layout of more than one process runs under torchrun."""
+
+    dp: PositiveInt = 1
+    tp: PositiveInt = 1
+    ep: PositiveInt = 1
+
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(self.dp, self.tp, self.ep)
+
+
 class Scenario(_Strict):
     """One scenario file; after ``expand_cases`` each case's scenario has an empty sweep."""
 
@@ -255,6 +268,7 @@ class Scenario(_Strict):
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
     timing: Timing = Field(default_factory=Timing)
+    parallel: Parallel = Field(default_factory=Parallel)
 
     _source_path: Path | None = PrivateAttr(default=None)
     _source_text: str = PrivateAttr(default="")
@@ -360,6 +374,10 @@ class Scenario(_Strict):
                                         or any(i >= args.max_requests for i in order)):
             out.append((("workload", "cache_order"), f"needs {total} distinct indices below "
                                                      f"max_requests={args.max_requests}"))
+        out += [(("parallel", f), m) for f, m in layout_problems(self.parallel.layout(), args)]
+        if 0 < total < self.parallel.dp:
+            out.append((("parallel", "dp"), f"{self.parallel.dp} ranks need at least as many "
+                                             f"requests (they are dealt round-robin), got {total}"))
         if not out:  # the entries' own rules hold, so they build their requests
             out += self._decode_reserve_problems(args)
         return out

@@ -1,0 +1,132 @@
+"""Sharded sweeps (``swa-bench run --gpus N``): a scenario's cases spread over N worker processes,
+one per GPU.
+
+The cases still to run are dealt round-robin (worker k runs cases k, k + N, ...), so each worker
+gets long and short cases alike. A worker sees one GPU (``CUDA_VISIBLE_DEVICES`` = its index; on
+a CPU machine the N workers share the cores), runs its cases with a ``CaseRunner`` of its own and
+rewrites ``.shards/shard-K.json`` atomically after every case. The parent folds the shard files
+into results.json when the workers end, and again at the start of a ``--resume``, so a killed
+sweep keeps every case any worker finished. Cases are independent: no process group is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from swa_bench.bench.timing import num_threads
+from swa_bench.results import CaseResult, write_text_atomic
+from swa_bench.run.cases import CaseRunner
+from swa_bench.scenario import Case, load_cases
+
+SHARD_DIR = ".shards"
+
+
+def deal(cases: Sequence[Case], workers: int) -> list[list[Case]]:
+    """Round-robin: worker k gets cases k, k + workers, ... (empty shards dropped)."""
+    return [list(cases[k::workers]) for k in range(workers) if cases[k::workers]]
+
+
+def shard_results(run_dir: Path) -> list[CaseResult]:
+    """Every case the workers of an earlier or current sweep saved."""
+    found = []
+    for path in sorted((run_dir / SHARD_DIR).glob("shard-*.json")):
+        found += [CaseResult.model_validate(c) for c in json.loads(path.read_text())]
+    return found
+
+
+def clear_shards(run_dir: Path) -> None:
+    for path in (run_dir / SHARD_DIR).glob("shard-*.json"):
+        path.unlink()
+
+
+def run_worker(
+    scenario_path: str, max_cases: int | None, case_ids: list[str], shard_file: str, timing: bool
+) -> None:
+    """One worker: its cases, saved after each (runs in a spawned process)."""
+    scenario, cases = load_cases(Path(scenario_path), max_cases=max_cases)
+    runner = CaseRunner(scenario)
+    done: list[CaseResult] = []
+    wanted = set(case_ids)
+    with num_threads(scenario.timing.threads):
+        for case in cases:
+            if case.case_id in wanted:
+                done.append(runner.run_case(case, timing=timing))
+                write_text_atomic(
+                    Path(shard_file), json.dumps([c.model_dump(mode="json") for c in done])
+                )
+
+
+def run_sharded(
+    scenario_path: Path,
+    max_cases: int | None,
+    todo: Sequence[Case],
+    run_dir: Path,
+    workers: int,
+    *,
+    timing: bool,
+    on_progress: Callable[[int], None] = lambda done: None,
+) -> list[CaseResult]:
+    """Runs ``todo`` on ``workers`` processes; the results of every case a worker finished. A
+    worker that died leaves its unfinished cases as errors naming its exit code."""
+    shards = deal(todo, workers)
+    (run_dir / SHARD_DIR).mkdir(exist_ok=True)
+    clear_shards(run_dir)
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    visible = torch.cuda.device_count()
+    for k, shard in enumerate(shards):
+        shard_file = run_dir / SHARD_DIR / f"shard-{k}.json"
+        args = (str(scenario_path), max_cases, [c.case_id for c in shard], str(shard_file), timing)
+        process = context.Process(target=run_worker, args=args, name=f"swa-bench-shard-{k}")
+        previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(k % visible)
+        try:
+            process.start()
+        finally:
+            if previous is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = previous
+        processes.append((process, shard))
+    try:
+        while any(p.is_alive() for p, _ in processes):
+            time.sleep(0.5)
+            on_progress(len(shard_results(run_dir)))
+    except BaseException:
+        for process, _ in processes:
+            process.terminate()
+        raise
+    results = {c.case_id: c for c in shard_results(run_dir)}
+    for process, shard in processes:
+        process.join()
+        for case in shard:
+            if case.case_id not in results:
+                results[case.case_id] = lost_case(case, process.exitcode)
+    on_progress(len(results))
+    return list(results.values())
+
+
+def lost_case(case: Case, exitcode: int | None) -> CaseResult:
+    sc = case.scenario
+    return CaseResult(
+        case_id=case.case_id,
+        index=case.index,
+        label=case.label(),
+        params=case.params,
+        status="error",
+        error=f"its worker process ended with exit code {exitcode}",
+        graph_mode=sc.graph_mode,
+        policy=sc.policy,
+        trim_threshold=case.trim_threshold(),
+        tokens=case.num_tokens(),
+        num_requests=len(case.requests()),
+        batch="",
+    )

@@ -1,0 +1,131 @@
+"""Two gloo processes: DP route agreement (and a rank that breaks it), TP=2 / EP=2 against the
+one-rank model, graph replay with the collectives inside against eager.
+
+One spawn runs every scenario of the module (a process start costs seconds on CPU); each rank
+writes its check results to a file the test reads.
+"""
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from swa_bench.checks.equivalence import check_e3
+from swa_bench.checks.parallel import check_dp, check_tp
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.args import PRESETS
+from swa_bench.model.model import build_model
+from swa_bench.model.requests import RequestSpec
+from swa_bench.parallel.layout import ParallelLayout
+from swa_bench.parallel.sharded import build_sharded_model
+
+SIZES = (8, 16, 64)
+# Rank 0 trims (a 40-token prefill, W = 8); rank 1 has nothing to trim.
+DP_BATCHES = [
+    [RequestSpec(prompt_len=40), RequestSpec(prompt_len=24, decode=True)],
+    [RequestSpec(prompt_len=6), RequestSpec(prompt_len=7)],
+]
+TP_BATCH = [
+    RequestSpec(prompt_len=40),
+    RequestSpec(prompt_len=24, decode=True),
+    RequestSpec(prompt_len=7),
+]
+TP_CASES = [("tiny", 1, "piecewise"), ("sparse-tiny", 2, "piecewise"), ("sparse-tiny", 2, "full")]
+
+
+def _summary(check):
+    return {"id": check.id, "passed": check.passed, "mode": check.mode, "message": check.message}
+
+
+def _dp(rank):
+    args = PRESETS["tiny"]
+    model, _ = build_model(args, seed=0)
+    inputs = StepInputs.seeded(DP_BATCHES[rank], args.vocab_size, rank)
+    out = {}
+    for mode in ("eager", "piecewise"):
+        config = EngineConfig(graph_mode=mode, capture_sizes=SIZES).resolved(args.window)
+        out[mode] = [_summary(c) for c in check_dp(model, inputs, config, dist.group.WORLD)]
+    config = EngineConfig(capture_sizes=SIZES).resolved(args.window)
+    out["fault"] = [
+        _summary(c) for c in check_dp(model, inputs, config, dist.group.WORLD, disagree=rank == 1)
+    ]
+    return out
+
+
+def _tp(rank):
+    out = {}
+    for preset, ep, mode in TP_CASES:
+        args = PRESETS[preset]
+        layout = ParallelLayout(tp=2, ep=ep)
+        sharded, _ = build_sharded_model(args, layout, rank, dist.group.WORLD, seed=0)
+        one_rank, _ = build_model(args, seed=0)
+        inputs = StepInputs.seeded(TP_BATCH, args.vocab_size, 0)
+        config = EngineConfig(graph_mode=mode, capture_sizes=SIZES).resolved(args.window)
+        checks = [check_tp(sharded, one_rank, inputs, config)]
+        if mode != "eager":
+            checks.append(check_e3(sharded, inputs, config))
+        out[f"{preset}/ep{ep}/{mode}"] = [_summary(c) for c in checks]
+    return out
+
+
+def _worker(rank, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        results = {"dp": _dp(rank), "tp": _tp(rank)}
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _by_id(checks):
+    return {c["id"]: c for c in checks}
+
+
+@pytest.mark.parametrize("mode", ["eager", "piecewise"])
+def test_dp_ranks_agree_and_match_their_requests_alone(ranks, mode):
+    for rank in ranks:
+        checks = _by_id(rank["dp"][mode])
+        assert all(c["passed"] for c in checks.values()), checks
+        # The rank with nothing to trim replays too, at the trimming rank's padded size.
+        route = "rank 0: replay at {0}, rank 1: replay at {0}".format(
+            "eager" if mode == "eager" else 64
+        )
+        assert route in checks["DP.route"]["message"]
+    assert _by_id(ranks[0]["dp"]["piecewise"])["DP.graph"]["mode"] == "bitwise"
+
+
+def test_a_disagreeing_rank_is_caught(ranks):
+    for rank in ranks:
+        route = _by_id(rank["dp"]["fault"])["DP.route"]
+        assert not route["passed"]
+        assert "rank 0: replay at eager, rank 1: whole batch at eager" in route["message"]
+
+
+@pytest.mark.parametrize("case", [f"{p}/ep{e}/{m}" for p, e, m in TP_CASES])
+def test_tp_shards_equal_one_rank_and_graphs_equal_eager(ranks, case):
+    for rank in ranks:
+        checks = _by_id(rank["tp"][case])
+        assert checks["TP.one_rank"]["passed"], checks["TP.one_rank"]["message"]
+        if "E3" in checks:
+            assert checks["E3"]["passed"] and checks["E3"]["mode"] == "bitwise", checks["E3"]

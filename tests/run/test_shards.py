@@ -1,0 +1,56 @@
+"""Sharded sweeps: cases spread over worker processes, merged into one results.json; --resume
+keeps what a worker finished before the sweep was cut short."""
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from swa_bench.results import load_results
+from swa_bench.run.commands import run_scenarios
+from swa_bench.run.shards import SHARD_DIR, deal, run_worker
+from swa_bench.scenario import load_cases
+
+SCENARIO = """\
+name: shard-test
+model: {preset: tiny}
+workload:
+  requests: [{prompt_len: 20}, {prompt_len: 4}]
+capture_sizes: [8, 16, 32]
+sweep:
+  grid:
+    graph_mode: [eager, piecewise, full]
+checks: {e1: {enabled: false}, e2: {enabled: false}, e3: {enabled: false}, e4: {enabled: false},
+         e5: {}}
+timing: {enabled: false}
+"""
+
+
+def test_deal_is_round_robin():
+    assert deal(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
+    assert deal(list("ab"), 4) == [["a"], ["b"]]
+
+
+def test_two_workers_resume_a_cut_sweep(tmp_path: Path):
+    path = tmp_path / "shard.yaml"
+    path.write_text(SCENARIO)
+    _, cases = load_cases(path)
+    run_dir = tmp_path / "run"
+    (run_dir / SHARD_DIR).mkdir(parents=True)
+    # A worker of an earlier sweep finished the first case before the sweep was killed.
+    shard = run_dir / SHARD_DIR / "shard-0.json"
+    run_worker(str(path), None, [cases[0].case_id], str(shard), False)
+    saved = json.loads(shard.read_text())
+    saved[0]["batch"] = "kept from the killed sweep"
+    shard.write_text(json.dumps(saved))
+
+    code = run_scenarios(
+        [path], out=run_dir, resume=True, timing=False, gpus=2, console=Console(quiet=True)
+    )
+
+    results = load_results(run_dir)
+    assert code == 0, [(c.label, c.outcome(), [k.message for k in c.checks]) for c in results.cases]
+    assert [c.case_id for c in results.cases] == [c.case_id for c in cases]
+    assert results.cases[0].batch == "kept from the killed sweep"
+    assert all(c.outcome() == "pass" for c in results.cases)
+    assert not list((run_dir / SHARD_DIR).glob("shard-*.json"))
