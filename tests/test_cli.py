@@ -37,6 +37,8 @@ CORPUS = [
     ("zip_length_mismatch.yaml", "sweep.zip[0].model.overrides.window"),
     ("bitwise_tolerance.yaml", "checks.e3.rtol"),
     ("too_long.yaml", "workload.generators.0.prompt_len"),
+    ("weights_missing.yaml", "model.weights"),
+    ("weights_wrong_model.yaml", "model.weights"),
     ("invalid_yaml.yaml", None),
     ("empty.yaml", None),
     ("does_not_exist.yaml", None),
