@@ -35,7 +35,7 @@ that trains in minutes, to show the direction and size of bounded replay's effec
 that has learned to use both kinds of context.
 
 **How it was made.** `python -m swa_bench.train --seed {cfg.seed} --steps {cfg.steps} --batch
-{cfg.batch} --seq-len {cfg.seq_len} --device {cfg.device}` ({seconds:.0f} s, torch
+{cfg.batch} --seq-len {cfg.seq_len} --lr {cfg.lr:g} --device {cfg.device}` ({seconds:.0f} s, torch
 {torch.__version__}, Python {sys.version.split()[0]}). Data generated from the seed
 (`swa_bench/tasks/data.py`): the Python standard library's source text, byte-level, split into
 training and held-out files by a hash of the file name, with synthetic tasks written in:

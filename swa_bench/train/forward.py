@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from swa_bench.model.model import MoE, Transformer, apply_rope
-from swa_bench.model.sparse_attention import pooled, select_top_k, visible_positions
+from swa_bench.model.sparse_attention import select_top_k, visible_positions
 
 
 @dataclass
@@ -50,6 +50,15 @@ def dense_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         s1, s3 = moe.shared_w13(x).chunk(2, dim=-1)
         out = out + moe.shared_w2(F.silu(s1) * s3)
     return out
+
+
+def pooled_batch(rows: torch.Tensor, ratio: int) -> torch.Tensor:
+    """``sparse_attention.pooled`` of every sequence of ``rows [B, T, d]`` at once."""
+    if ratio == 1:
+        return rows
+    b, t, d = rows.shape
+    n = t // ratio
+    return rows[:, : n * ratio].reshape(b, n, ratio, d).mean(dim=2)
 
 
 def window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:
@@ -99,7 +108,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         values = [kv]
         gkv = attn.global_kv
         if gkv.source is not None:
-            glob = torch.stack([pooled(latents[gkv.source][i], gkv.ratio) for i in range(b)])
+            glob = pooled_batch(latents[gkv.source], gkv.ratio)
             n = glob.shape[1]
             visible = visible_positions(torch.arange(t, device=dev), n, gkv.ratio)
             dense = torch.einsum("bthd,bnd->bhtn", q, glob).float() * scale
@@ -108,8 +117,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
             if attn.runs_indexer:
                 index = attn.index_query(q_latent.detach(), positions,
                                          attn.index_weights(h.detach()))
-                ikeys = torch.stack([pooled(index_keys[index.source][i], gkv.ratio)
-                                     for i in range(b)])
+                ikeys = pooled_batch(index_keys[index.source], gkv.ratio)
                 iq = index.q.view(b, t, *index.q.shape[1:])
                 s = torch.einsum("bthd,bnd->bthn", iq, ikeys).relu()
                 iscore = (index.weights.view(b, t, -1, 1).to(s.dtype) * s).sum(2).float()
