@@ -118,6 +118,35 @@ class ParallelResult(_Strict):
     ep: int
     ranks: list[RankResult] = []
 
+class TaskCell(_Strict):
+    """One task at one prompt length (and fact distance) under one policy."""
+
+    task: str  # "recall" (needs global KV) or "copy" (needs window KV)
+    prompt_len: int
+    distance: int  # positions from the needed fact to the prompt's last token
+    prompts: int
+    accuracy: float  # the prefill's last-token argmax is the answer
+    answer_loss: float  # mean cross-entropy of the answer, nats
+    agreement: float  # share of prompts whose argmax equals the full prefill's
+
+
+class HeldOutLoss(_Strict):
+    """Teacher-forced loss on held-out text: the prefill's last token and ``continuation``
+    decode steps after it (they read the window rings the prefill left)."""
+
+    prompt_len: int
+    prompts: int
+    continuation: int
+    loss: float  # nats per byte
+    prefill_loss: float  # the prefill's last-token prediction alone
+
+
+class TaskResults(_Strict):
+    policy: str
+    model: str  # the weights: a checkpoint's name, or "seeded" for dummy weights
+    cells: list[TaskCell] = []
+    held_out: list[HeldOutLoss] = []
+
 
 class CaseResult(_Strict):
     case_id: str
@@ -148,6 +177,7 @@ class CaseResult(_Strict):
     graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
     approximation: Approximation | None = None
     parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
+    tasks: TaskResults | None = None
 
     def outcome(self) -> Verdict:
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""

@@ -1,7 +1,8 @@
 """The package's shape: imports point one way, and the model loads no benchmark machinery.
 
-kernels <- model <- replay <- runtime (graphs, engine) <- checks, bench (and the data they
-produce: results, scenarios) <- reports, compare <- run orchestration <- cli.
+kernels <- model (and the task data) <- replay <- runtime (graphs, engine, parallel, training)
+<- checks, bench (and the data they produce: results, scenarios) <- reports, compare <- run
+orchestration <- cli.
 """
 
 import ast
@@ -13,9 +14,9 @@ import swa_bench
 
 LAYERS = [
     ("kernels", ["swa_bench.kernels"]),
-    ("model", ["swa_bench.model"]),
+    ("model", ["swa_bench.model", "swa_bench.tasks"]),
     ("replay", ["swa_bench.replay"]),
-    ("runtime", ["swa_bench.graphs", "swa_bench.engine", "swa_bench.parallel"]),
+    ("runtime", ["swa_bench.graphs", "swa_bench.engine", "swa_bench.parallel", "swa_bench.train"]),
     ("checks and bench", ["swa_bench.checks", "swa_bench.bench", "swa_bench.results",
                           "swa_bench.scenario"]),
     ("reports", ["swa_bench.report", "swa_bench.compare"]),

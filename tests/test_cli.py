@@ -38,6 +38,8 @@ CORPUS = [
     ("bitwise_tolerance.yaml", "checks.e3.rtol"),
     ("too_long.yaml", "workload.generators.0.prompt_len"),
     ("layout_heads.yaml", "parallel.tp"),
+    ("weights_missing.yaml", "model.weights"),
+    ("weights_wrong_model.yaml", "model.weights"),
     ("invalid_yaml.yaml", None),
     ("empty.yaml", None),
     ("does_not_exist.yaml", None),

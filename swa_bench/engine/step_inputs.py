@@ -13,6 +13,7 @@ import torch
 
 from swa_bench.engine.engine import Engine
 from swa_bench.model.requests import RequestSpec
+from swa_bench.tasks import data
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,18 @@ class StepInputs:
         seqs = tuple(
             tuple(torch.randint(0, vocab, (r.seq_len,), generator=g).tolist()) for r in requests
         )
+        return cls(tuple(requests), seqs, None if cache_indices is None else tuple(cache_indices))
+
+    @classmethod
+    def held_out_text(
+        cls, requests: Sequence[RequestSpec], seed: int,
+        cache_indices: Sequence[int] | None = None,
+    ) -> StepInputs:
+        """Held-out text (``tasks.data``) instead of random tokens: what a trained byte-level
+        model reads in distribution."""
+        g = torch.Generator().manual_seed(seed)
+        text = data.corpus("held_out")
+        seqs = tuple(tuple(data.text_window(text, r.seq_len, g).tolist()) for r in requests)
         return cls(tuple(requests), seqs, None if cache_indices is None else tuple(cache_indices))
 
     @property

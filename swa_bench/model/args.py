@@ -246,6 +246,36 @@ PRESETS: dict[str, ModelArgs] = {
         n_activated_experts=2,
         expert_weight_pools=2,
     ),
+    # The trained model shipped with the project (swa_bench/checkpoints/v41-mini.safetensors,
+    # ``python -m swa_bench.train``): V4.1's structure at byte-level size, a window small enough
+    # that prompts of 16 windows stay cheap. Window-only layer 0, sparse encoder 1-3 over
+    # compressed sources, S = 4, a decoder of 3 layers (5-7) with an index source of its own.
+    "v41-mini": ModelArgs(
+        vocab_size=256,
+        dim=128,
+        n_layers=8,
+        n_heads=4,
+        head_dim=32,
+        rope_dim=16,
+        q_lora_rank=64,
+        o_groups=2,
+        o_lora_rank=64,
+        window=16,
+        kv_sources=[1, 3, 4],
+        compress_ratio=2,
+        n_routed_experts=8,
+        n_activated_experts=2,
+        n_shared_experts=1,
+        moe_inter_dim=128,
+        hc_mult=4,
+        index_topk=32,
+        index_n_heads=4,
+        index_head_dim=32,
+        index_sources=[1, 3, 4, 6],
+        expert_weight_pools=2,
+        max_seq_len=320,
+        max_requests=16,
+    ),
 }
 
 MODEL_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(ModelArgs))

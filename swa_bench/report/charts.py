@@ -20,6 +20,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
+from swa_bench.report.tables import task_cases
 from swa_bench.results import CaseResult, RunResults
 
 _MARKERS = {"bounded": "o", "halo": "s", "full": "^"}
@@ -214,7 +215,52 @@ def approximation_chart(results: RunResults) -> Chart | None:
                  figure_svg(fig, "approximation"))
 
 
+def task_chart(results: RunResults) -> Chart | None:
+    """Accuracy vs prompt length per policy, a panel per task and fact distance, and the
+    held-out loss panel."""
+    cases = task_cases(results)
+    if not cases:
+        return None
+    groups = sorted({(c.task, c.distance) for case in cases for c in case.tasks.cells
+                     if c.task == "recall"})
+    groups.append(("copy", -1))
+    panels = len(groups) + 1
+    cols = min(3, panels)
+    rows = -(-panels // cols)
+    fig = Figure(figsize=(3.4 * cols, 2.8 * rows), dpi=100, layout="constrained")
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
+    for n, case in enumerate(cases):
+        style = dict(color=_COLORS[n % len(_COLORS)], marker=_MARKERS.get(case.policy, "x"),
+                     linestyle=_STYLES.get(case.policy, "-."), label=safe_label(case.policy))
+        for ax, (task, distance) in zip(axes, groups, strict=False):
+            cells = sorted((c.prompt_len, c.accuracy) for c in case.tasks.cells
+                           if c.task == task and (task == "copy" or c.distance == distance))
+            ax.plot([x for x, _ in cells], [y for _, y in cells], **style)
+        held = sorted((h.prompt_len, h.loss) for h in case.tasks.held_out)
+        axes[-1].plot([x for x, _ in held], [y for _, y in held], **style)
+    for ax, (task, distance) in zip(axes, groups, strict=False):
+        ax.set_title(f"recall, fact {distance} back" if task == "recall" else "copy in window",
+                     fontsize=9)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_ylabel("accuracy", fontsize=8)
+    axes[-1].set_title("held-out loss after the prefill", fontsize=9)
+    axes[-1].set_ylabel("nats/byte", fontsize=8)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        _plain_log(ax.xaxis)
+        ax.set_xlabel("prompt tokens", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return Chart("tasks", "Task accuracy vs prompt length, per policy",
+                 "Trained model: last-token answer accuracy by prompt length (a panel per fact "
+                 "distance for recall, which reads the global KV; copy reads the window KV), "
+                 "and the teacher-forced held-out loss of the prefill's last token and the "
+                 "decode steps after it, per replay policy.",
+                 figure_svg(fig, "tasks"))
+
+
 def all_charts(results: RunResults) -> list[Chart]:
     charts = (latency_chart(results), speedup_chart(results), break_even_chart(results),
-              approximation_chart(results))
+              approximation_chart(results), task_chart(results))
     return [chart for chart in charts if chart is not None]

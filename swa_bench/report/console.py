@@ -154,9 +154,39 @@ def unstable_warning(results: RunResults) -> str | None:
             f"the median): {advice}")
 
 
+def task_table(results: RunResults) -> Table | None:
+    """Task accuracy per policy: pooled recall and copy accuracy, answers that differ from the
+    full prefill's, held-out loss at the longest prompt."""
+    cases = tables.task_cases(results)
+    if not cases:
+        return None
+    table = _table("Task accuracy (trained model)")
+    longest = max(h.prompt_len for c in cases for h in c.tasks.held_out)
+    for header in ("policy", "recall", "copy", "differ", f"loss@{longest}", "vs full"):
+        table.add_column(header, justify="left" if header == "policy" else "right")
+    full = {h.prompt_len: h.loss for c in cases if c.policy == "full" for h in c.tasks.held_out}
+    for case in cases:
+        cells = case.tasks.cells
+        row = [case.policy]
+        for task in ("recall", "copy"):
+            mine = [c for c in cells if c.task == task]
+            n = sum(c.prompts for c in mine)
+            row.append(f"{sum(c.accuracy * c.prompts for c in mine) / n:.1%}" if n else "–")
+        total = sum(c.prompts for c in cells)
+        row.append(f"{sum(round((1 - c.agreement) * c.prompts) for c in cells)}/{total}")
+        loss = [h.loss for h in case.tasks.held_out if h.prompt_len == longest]
+        row.append(f"{loss[0]:.4f}" if loss else "–")
+        row.append(f"{loss[0] - full[longest]:+.2g}" if loss and longest in full else "–")
+        table.add_row(*(escape(c) for c in row))
+    return table
+
+
 def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> None:
     """The latency table, timing warnings, trim-threshold advice and the verdict of one run."""
     console.print(latency_table(results))
+    tasks = task_table(results)
+    if tasks is not None:
+        console.print(tasks)
     warning = unstable_warning(results)
     if warning:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)

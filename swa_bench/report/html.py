@@ -45,6 +45,9 @@ def render_html(results: RunResults) -> str:
         latency=latency,
         advice=tables.advice_rows(results),
         approximation=tables.approximation_rows(results),
+        task_table=tables.task_rows(results),
+        held_out_table=tables.held_out_rows(results),
+        task_note=tables.task_note(results),
         environment=tables.environment_rows(results),
         scenario_text=yaml.safe_dump(results.scenario, sort_keys=False, allow_unicode=True),
     )

@@ -214,3 +214,82 @@ def verdict_line(results: RunResults) -> str:
             else verdict.upper())
     return (f"{head}: {counts['passed']} of {counts['cases']} cases passed "
             f"({counts['failed']} failed, {counts['errors']} raised); {checks_summary(counts)}")
+
+
+POLICY_ORDER = ("full", "halo", "bounded", "final_window", "tail")
+
+
+def task_cases(results: RunResults) -> list[CaseResult]:
+    """One case per policy with task results (the first of each), full first."""
+    seen: dict[str, CaseResult] = {}
+    for case in results.cases:
+        if case.tasks is not None and case.policy not in seen:
+            seen[case.policy] = case
+    order = {p: i for i, p in enumerate(POLICY_ORDER)}
+    return sorted(seen.values(), key=lambda c: order.get(c.policy, len(order)))
+
+
+def task_rows(results: RunResults) -> tuple[list[str], list[tuple[str, ...]]]:
+    """(policies, rows): per task, prompt length and distance, each policy's accuracy and, where
+    not full, its agreement with the full prefill's answers."""
+    cases = task_cases(results)
+    keys: list[tuple[str, int, int]] = []
+    cells: dict[tuple[str, int, int, str], str] = {}
+    for case in cases:
+        for c in case.tasks.cells:
+            key = (c.task, c.prompt_len, c.distance)
+            if key not in keys:
+                keys.append(key)
+            agree = "" if case.policy == "full" else f" ({c.agreement:.0%} agree)"
+            cells[(*key, case.policy)] = f"{c.accuracy:.0%}{agree}"
+    keys.sort()
+    policies = [c.policy for c in cases]
+    rows = [(task, str(length), str(distance),
+             *(cells.get((task, length, distance, p), MISSING) for p in policies))
+            for task, length, distance in keys]
+    return policies, rows
+
+
+def held_out_rows(results: RunResults) -> tuple[list[str], list[tuple[str, ...]]]:
+    """(policies, rows): per prompt length, each policy's teacher-forced held-out loss."""
+    cases = task_cases(results)
+    lengths = sorted({h.prompt_len for c in cases for h in c.tasks.held_out})
+    loss = {(h.prompt_len, c.policy): h.loss for c in cases for h in c.tasks.held_out}
+    policies = [c.policy for c in cases]
+    rows = [(str(length), *(fmt_number(loss.get((length, p)), 4) for p in policies))
+            for length in lengths]
+    return policies, rows
+
+
+def _pooled(case: CaseResult, task: str | None = None) -> tuple[float, int, int]:
+    """(accuracy, prompts whose answer differs from the full prefill's, prompts)."""
+    cells = [c for c in case.tasks.cells if task is None or c.task == task]
+    total = sum(c.prompts for c in cells)
+    right = sum(c.accuracy * c.prompts for c in cells)
+    differ = sum(round((1 - c.agreement) * c.prompts) for c in cells)
+    return (right / total if total else math.nan), differ, total
+
+
+def task_note(results: RunResults) -> list[str]:
+    """What each policy changed against the full prefill, in numbers (one line per policy)."""
+    cases = task_cases(results)
+    full = next((c for c in cases if c.policy == "full"), None)
+    if full is None:
+        return []
+    acc_f = {t: _pooled(full, t)[0] for t in ("recall", "copy")}
+    loss_f = {h.prompt_len: h.loss for h in full.tasks.held_out}
+    lines = []
+    for case in cases:
+        if case.policy == "full":
+            continue
+        _, differ, total = _pooled(case)
+        acc = {t: _pooled(case, t)[0] for t in ("recall", "copy")}
+        losses = [(h.prompt_len, h.loss, loss_f.get(h.prompt_len)) for h in case.tasks.held_out]
+        worst = max((x for x in losses if x[2] is not None), key=lambda x: abs(x[1] - x[2]))
+        lines.append(
+            f"{case.policy}: {differ}/{total} answers differ from the full prefill's; recall "
+            f"{acc['recall']:.1%} (full {acc_f['recall']:.1%}), copy {acc['copy']:.1%} (full "
+            f"{acc_f['copy']:.1%}); held-out loss after a {worst[0]}-token prompt "
+            f"{worst[1]:.5f} nats/byte, {worst[1] - worst[2]:+.2g} vs full (the largest change "
+            f"over the prompt lengths)")
+    return lines

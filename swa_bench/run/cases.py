@@ -20,11 +20,13 @@ from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
 from swa_bench.checks import equivalence
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
+from swa_bench.checks.tasks import TaskRun, TaskSettings, agreement_check, run_tasks
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
+from swa_bench.model.weights import load_weights
 from swa_bench.results import CaseResult, CheckResult
 from swa_bench.scenario import Case, Scenario, ScenarioError
 
@@ -65,6 +67,7 @@ class CaseRunner:
         self.agree: Callable[[StepPlan], AgreedRoute] | None = None
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
+        self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings
 
     def device_tflops(self, dtype: str, threads: int | None) -> float:
         """This device's GEMM rate in ``dtype``, measured once per run: what MFU is against."""
@@ -83,19 +86,46 @@ class CaseRunner:
             self.flops.clear()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+            self.full_tasks.clear()
             self.models[key] = self.build_model(case)
         return self.models[key]
 
     def build_model(self, case: Case) -> Transformer:
+        """The case's model: seeded dummy weights, or the checkpoint ``model.weights`` names."""
         sc = case.scenario
-        return build_model(case.model_args(), seed=sc.seed, device=self.device,
-                           dtype=DTYPES[sc.dtype])[0]
+        model = build_model(case.model_args(), seed=sc.seed, device=self.device,
+                            dtype=DTYPES[sc.dtype])[0]
+        weights = sc.weights_path()
+        if weights is not None:
+            load_weights(model, weights)
+        return model
 
     def inputs(self, case: Case, model: Transformer) -> StepInputs:
-        """The step this process runs for ``case``: its whole batch on one rank."""
+        """The step this process runs for ``case``: its whole batch on one rank; a trained
+        model reads held-out text, dummy weights seeded tokens."""
         sc, requests = case.scenario, case.requests()
         indices = sc.workload.cache_indices(len(requests), model.args.max_requests, sc.seed)
-        return StepInputs.seeded(requests, model.args.vocab_size, sc.seed, indices)
+        if sc.model.weights is None:
+            return StepInputs.seeded(requests, model.args.vocab_size, sc.seed, indices)
+        return StepInputs.held_out_text(requests, sc.seed, indices)
+
+    def tasks(self, case: Case, model: Transformer) -> tuple[TaskRun, CheckResult]:
+        """The case policy's task run, graded prompt by prompt against the full prefill's (run
+        once per model and settings)."""
+        sc, t = case.scenario, case.scenario.checks.tasks
+        window = model.args.window
+        settings = TaskSettings(prompt_lens=tuple(w * window for w in t.windows),
+                                distances=tuple(t.distances), prompts=t.prompts,
+                                continuation=sc.task_continuation(), seed=sc.seed)
+        name = sc.model.weights or "seeded"
+        key = json.dumps([dataclasses.asdict(settings), sc.halo_align])
+        if key not in self.full_tasks:
+            self.full_tasks[key] = run_tasks(model, "full", settings, model_name=name)
+        full = self.full_tasks[key]
+        run = full if sc.policy == "full" else run_tasks(
+            model, sc.policy, settings, model_name=name, reference=full,
+            halo_align=sc.halo_align)
+        return run, agreement_check(run.results, must_agree=sc.policy in ("full", "halo"))
 
     def engine_pair(
         self, model: Transformer, config: EngineConfig, *, agree: bool = False
@@ -171,6 +201,10 @@ class CaseRunner:
                     min_top1_agreement=a.min_top1_agreement,
                     min_greedy_agreement=a.min_greedy_agreement, policy=sc.policy,
                 ))
+            if sc.checks.tasks.enabled:
+                run, agreement = self.tasks(case, model)
+                result.tasks = run.results
+                result.checks.append(agreement)
             if timing and sc.timing.enabled:
                 self.measure(case, model, inputs, result)
         except Exception as err:  # recorded; the sweep goes on

@@ -35,6 +35,8 @@ from swa_bench.engine.config import GraphMode
 from swa_bench.graphs.capture_sizes import default_capture_sizes
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
+from swa_bench.model.weights import WeightsError, check_weights, read_weights
+from swa_bench.model.weights import resolve as resolve_weights
 from swa_bench.parallel.layout import ParallelLayout, layout_problems
 from swa_bench.replay.row_selection import Policy
 from swa_bench.scenario.errors import Loc
@@ -69,6 +71,9 @@ class ModelSpec(_Strict):
 
     preset: str | None = "tiny"
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # Trained weights: a shipped checkpoint's name (``v41-mini``) or a safetensors file, relative
+    # to the scenario's folder. None: dummy weights from the scenario's seed.
+    weights: Annotated[str, MinLen(1)] | None = None
 
     @field_validator("preset")
     @classmethod
@@ -200,6 +205,21 @@ class ApproximationCheck(_Strict):
     min_greedy_agreement: Fraction | None = None
 
 
+class TasksCheck(_Strict):
+    """Task accuracy under the case's policy (``swa_bench.checks.tasks``): recall with the fact
+    ``distances`` tokens back and copying inside the window, on prompts of ``windows`` x W
+    tokens, ``prompts`` per cell, and the held-out text loss over ``continuation`` decode steps
+    (null: W). Halo and full must give the full prefill's answer on every prompt."""
+
+    enabled: bool = False
+    windows: Annotated[list[PositiveInt], MinLen(1)] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16])
+    distances: Annotated[list[Annotated[int, Ge(4)]], MinLen(1)] = Field(
+        default_factory=lambda: [8, 32, 128, 240])
+    prompts: Annotated[int, Ge(1), Le(4096)] = 8
+    continuation: PositiveInt | None = None
+
+
 class Checks(_Strict):
     e1: ToleranceCheck = Field(default_factory=ToleranceCheck)
     e2: ToleranceCheck = Field(default_factory=ToleranceCheck)
@@ -207,6 +227,7 @@ class Checks(_Strict):
     e4: ToleranceCheck = Field(default_factory=ToleranceCheck)
     e5: BitwiseCheck = Field(default_factory=BitwiseCheck)
     approximation: ApproximationCheck = Field(default_factory=ApproximationCheck)
+    tasks: TasksCheck = Field(default_factory=TasksCheck)
 
 
 class Timing(_Strict):
@@ -344,12 +365,12 @@ class Scenario(_Strict):
 
     def problems(self) -> list[Problem]:
         """Every rule that needs the resolved model, as (location, message); empty when valid."""
-        model_problems = _model_problems(self.model)
+        model_problems = _model_problems(self.model) or self._weights_problems()
         if model_problems:
             return model_problems
         args = self.model_args()
         window = args.window
-        out: list[Problem] = []
+        out: list[Problem] = self._tasks_problems(args)
         if self.trim_threshold is not None and self.trim_threshold <= window:
             out.append((("trim_threshold",), f"must exceed the model window W={window}, "
                                              f"got {self.trim_threshold}"))
@@ -381,6 +402,39 @@ class Scenario(_Strict):
         if not out:  # the entries' own rules hold, so they build their requests
             out += self._decode_reserve_problems(args)
         return out
+
+    def weights_path(self) -> Path | None:
+        if self.model.weights is None:
+            return None
+        base = self.source_path.parent if self.source_path is not None else None
+        return resolve_weights(self.model.weights, base)
+
+    def _weights_problems(self) -> list[Problem]:
+        """The weights file must exist and fit the model exactly."""
+        path = self.weights_path()
+        if path is None:
+            return []
+        try:
+            check_weights(self.model_args(), *read_weights(path))
+        except WeightsError as err:
+            return [(("model", "weights"), str(err))]
+        return []
+
+    def task_continuation(self) -> int:
+        steps = self.checks.tasks.continuation
+        return steps if steps is not None else self.model_args().window
+
+    def _tasks_problems(self, args: ModelArgs) -> list[Problem]:
+        tasks = self.checks.tasks
+        if not tasks.enabled:
+            return []
+        longest = max(tasks.windows) * args.window + self.task_continuation()
+        if longest > args.max_seq_len:
+            return [(("checks", "tasks", "windows"),
+                     f"{max(tasks.windows)} windows of {args.window} plus "
+                     f"{self.task_continuation()} decode steps exceed "
+                     f"max_seq_len={args.max_seq_len}")]
+        return []
 
     def _decode_reserve_problems(self, args: ModelArgs) -> list[Problem]:
         """E1 and the continuation decode 2W (resp. K) tokens after each request's step."""

@@ -26,7 +26,7 @@ from swa_bench.run.folder import (
 )
 from tests.report import synthetic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = """\
 name: {name}
 device: cpu

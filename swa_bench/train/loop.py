@@ -1,0 +1,128 @@
+"""Training the shipped small model, and its figures under a full prefill.
+
+Reproducible from a seed: weights from ``init_weights(seed)``, batches from a generator seeded
+with ``seed``; the held-out figures use their own fixed generator, so two runs are compared on
+the same prompts. A step budget (not a time budget) makes the result independent of speed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from swa_bench.model.args import PRESETS, ModelArgs
+from swa_bench.model.model import Transformer, build_model
+from swa_bench.tasks import data
+from swa_bench.train.forward import train_forward
+
+EVAL_SEED = 1234
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "v41-mini"
+    seed: int = 0
+    steps: int = 2500  # the shipped configuration, on one H200
+    batch: int = 32
+    seq_len: int = 256
+    lr: float = 2e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    index_loss_weight: float = 1.0
+    device: str = "cpu"
+
+    @property
+    def args(self) -> ModelArgs:
+        return PRESETS[self.preset]
+
+
+@dataclass
+class Figures:
+    """Held-out loss (nats per byte of text) and task accuracy under a full prefill."""
+
+    held_out_loss: float
+    recall: dict[int, float] = field(default_factory=dict)  # accuracy by fact distance
+    copy: float = 0.0
+
+    def line(self) -> str:
+        recall = ", ".join(f"d={d}: {a:.2f}" for d, a in self.recall.items())
+        return (f"held-out loss {self.held_out_loss:.3f} nats/byte, recall {recall}, "
+                f"copy {self.copy:.2f}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    done = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transformer, list[dict]]:
+    """The trained model (eval mode, no gradients) and its loss history."""
+    torch.manual_seed(cfg.seed)
+    model, _ = build_model(cfg.args, seed=cfg.seed, device=cfg.device)
+    model.train().requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(cfg.seed)
+    history, start = [], time.perf_counter()
+    for step in range(cfg.steps):
+        tokens, weights = data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g)
+        tokens, weights = tokens.to(cfg.device), weights.to(cfg.device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        out = train_forward(model, tokens)
+        ce = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
+                             reduction="none")
+        loss = (ce * weights.flatten()).sum() / weights.sum()
+        opt.zero_grad(set_to_none=True)
+        (loss + cfg.index_loss_weight * out.index_kl).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == cfg.steps - 1:
+            entry = {"step": step, "loss": loss.item(), "index_kl": out.index_kl.item(),
+                     "seconds": time.perf_counter() - start}
+            history.append(entry)
+            log(f"step {step:5d}  loss {entry['loss']:.3f}  index KL {entry['index_kl']:.3f}  "
+                f"{entry['seconds']:.0f}s")
+    model.eval().requires_grad_(False)
+    return model, history
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, *, prompts: int = 64, length: int = 256,
+             distances: tuple[int, ...] = (8, 32, 128, 240)) -> Figures:
+    """Held-out figures of ``model`` under a full prefill (``train_forward`` computes exactly
+    that): text loss over held-out windows of ``length``, recall accuracy by distance and
+    copy accuracy over ``prompts`` held-out prompts each."""
+    device = model.embed.weight.device
+    g = torch.Generator().manual_seed(EVAL_SEED)
+    text = torch.stack([data.text_window(data.corpus("held_out"), length, g)
+                        for _ in range(prompts)]).to(device)
+    losses = []
+    for chunk in text.split(16):
+        logits = train_forward(model, chunk).logits
+        losses.append(F.cross_entropy(logits[:, :-1].flatten(0, 1), chunk[:, 1:].flatten(),
+                                      reduction="none"))
+    figures = Figures(held_out_loss=float(torch.cat(losses).mean()))
+
+    def accuracy(batch: list[data.Prompt]) -> float:
+        right = 0
+        for i in range(0, len(batch), 16):
+            part = batch[i : i + 16]
+            tokens = torch.tensor([p.tokens for p in part], device=device)
+            guess = train_forward(model, tokens).logits[:, -1].argmax(-1).tolist()
+            right += sum(a == p.answer for a, p in zip(guess, part, strict=True))
+        return right / len(batch)
+
+    for d in distances:
+        figures.recall[d] = accuracy([data.recall_prompt(length, d, g) for _ in range(prompts)])
+    window = model.args.window
+    figures.copy = accuracy([data.copy_prompt(length, g, window=window) for _ in range(prompts)])
+    return figures
