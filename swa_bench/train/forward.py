@@ -95,12 +95,13 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         q_latent = attn.q_norm(attn.wq_a(h))
         q = attn.project_q(q_latent, positions).view(b, t, attn.n_heads, attn.head_dim)
         latent = attn.kv_norm(attn.wkv(h))
-        kv = apply_rope(latent, positions, args.rope_dim, args.rope_theta).view(b, t, -1)
+        kv = apply_rope(latent, positions, args.rope_dim, args.rope_theta,
+                        args.max_seq_len).view(b, t, -1)
         if attn.writes_latent:
             latents[attn.layer] = kv
         if attn.writes_index_keys:
             keys = apply_rope(attn.index_norm(attn.wk_index(latent.detach())), positions,
-                              attn.index_rope_dim, args.rope_theta)
+                              attn.index_rope_dim, args.rope_theta, args.max_seq_len)
             index_keys[attn.layer] = keys.view(b, t, -1)
         scale = attn.head_dim ** -0.5
         scores = [torch.einsum("bthd,bsd->bhts", q, kv).float() * scale]
