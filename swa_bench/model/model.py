@@ -156,8 +156,12 @@ class HyperConnection(nn.Module):
 
     def mixing(self) -> torch.Tensor:
         """``sinkhorn(res_logits)``, a function of the weights alone: computed once, again only
-        when ``res_logits`` changes (its version counter), not by every forward."""
+        when ``res_logits`` changes (its version counter), not by every forward. A forward that
+        trains ``res_logits`` always computes it (it needs the gradient, and a captured training
+        step must hold the computation, not a constant)."""
         logits = self.res_logits
+        if logits.requires_grad and torch.is_grad_enabled():
+            return sinkhorn(logits.float())
         key = (logits.data_ptr(), logits._version)
         cached = getattr(self, "_mixing", None)
         if cached is not None and cached[0] == key:

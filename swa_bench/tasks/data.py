@@ -115,10 +115,12 @@ def copy_prompt(length: int, g: torch.Generator, *, split: str = "held_out",
     return Prompt(tuple(seq.tolist()), int(reps[span]), "copy", span)
 
 
-def training_batch(batch: int, length: int, window: int, g: torch.Generator):
+def training_batch(batch: int, length: int, window: int, g: torch.Generator,
+                   max_facts: int = 4):
     """``(tokens [B, T], loss weights [B, T - 1])`` of training text with tasks written in: a
-    copy segment inside one window, 1-4 facts and as many later queries of random facts. The
-    weights put ``ANSWER_WEIGHT`` on the answers (a queried value, a pattern's repetitions)."""
+    copy segment inside one window, 1 to ``max_facts`` facts and as many later queries of random
+    facts. The weights put ``ANSWER_WEIGHT`` on the answers (a queried value, a pattern's
+    repetitions)."""
     text = corpus("train")
     tokens = torch.empty(batch, length, dtype=torch.long)
     weights = torch.ones(batch, length - 1)
@@ -132,7 +134,7 @@ def training_batch(batch: int, length: int, window: int, g: torch.Generator):
         seq[start + 1 : start + 1 + span] = pattern
         w[start + period : start + span] = ANSWER_WEIGHT
         free = [p for p in range(0, length - 2, 3) if p + 3 <= start or p > start + span]
-        n = int(torch.randint(1, 5, (1,), generator=g))
+        n = int(torch.randint(1, min(max_facts, len(free) // 2) + 1, (1,), generator=g))
         slots = sorted(free[j] for j in torch.randperm(len(free), generator=g)[: 2 * n].tolist())
         keys, values = draw(KEYS, n, g), draw(VALUES, n, g)
         for p, k, v in zip(slots[:n], keys, values, strict=True):

@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=default.batch)
     p.add_argument("--seq-len", type=int, default=default.seq_len)
     p.add_argument("--lr", type=float, default=default.lr)
+    p.add_argument("--max-facts", type=int, default=default.max_facts,
+                   help="facts (and as many queries) written into a training sequence, at most")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=default.graph,
+                   help="capture the training step as a CUDA graph (CUDA only)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--out", type=Path, default=None,
@@ -41,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seq-len must lie in [{4 * default.args.window}, "
                 f"{default.args.max_seq_len}]")
     cfg = dataclasses.replace(default, seed=a.seed, steps=a.steps, batch=a.batch,
-                              seq_len=a.seq_len, lr=a.lr, device=a.device)
+                              seq_len=a.seq_len, lr=a.lr, max_facts=a.max_facts,
+                              device=a.device, graph=a.graph)
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.perf_counter()
     model, history = train(cfg)

@@ -34,7 +34,9 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     index_loss_weight: float = 1.0
+    max_facts: int = 4  # facts (and queries) written into each training sequence, at most
     device: str = "cpu"
+    graph: bool = True  # capture the step as a CUDA graph (on CUDA)
 
     @property
     def args(self) -> ModelArgs:
@@ -63,33 +65,91 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
 
 
+class TrainStep:
+    """Forward, loss, backward, gradient clip and AdamW on one batch.
+
+    On CUDA the whole step is captured once as a CUDA graph and replayed: the model is small
+    and an eager step is launch-bound (thousands of kernels), so replaying is most of the
+    speed. Capture needs a step without host syncs (``train_forward`` has none), inputs at fixed
+    addresses, and an optimiser whose learning rate is a device tensor (``capturable``). The
+    first ``WARMUP`` steps run eagerly on a side stream, as capture asks. Replays run the same
+    kernels on the same shapes as the eager step, so the two train the same model.
+    """
+
+    WARMUP = 3
+
+    def __init__(self, model: Transformer, cfg: TrainConfig) -> None:
+        device = torch.device(cfg.device)
+        self.model, self.cfg = model, cfg
+        self.capture = cfg.graph and device.type == "cuda"
+        lr = torch.tensor(cfg.lr, device=device) if self.capture else cfg.lr
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay, capturable=self.capture,
+                                     foreach=True if self.capture else None)
+        self.tokens = torch.zeros(cfg.batch, cfg.seq_len, dtype=torch.long, device=device)
+        self.weights = torch.zeros(cfg.batch, cfg.seq_len - 1, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_steps = 0
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        out = train_forward(self.model, self.tokens)
+        ce = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), self.tokens[:, 1:].flatten(),
+                             reduction="none")
+        loss = (ce * self.weights.flatten()).sum() / self.weights.sum()
+        (loss + self.cfg.index_loss_weight * out.index_kl).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss.detach(), out.index_kl.detach()
+
+    def __call__(self, tokens: torch.Tensor, weights: torch.Tensor,
+                 lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's (weighted task loss, index KL), as device tensors (read them sparingly)."""
+        self.tokens.copy_(tokens)
+        self.weights.copy_(weights)
+        for group in self.opt.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        self.opt.zero_grad(set_to_none=True)
+        if not self.capture:
+            return self.run()
+        if self.eager_steps < self.WARMUP:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.run()
+            torch.cuda.current_stream().wait_stream(side)
+            self.eager_steps += 1
+            return out
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.out = self.run()
+        graph.replay()
+        self.graph = graph
+        return self.out
+
+
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transformer, list[dict]]:
     """The trained model (eval mode, no gradients) and its loss history."""
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.args, seed=cfg.seed, device=cfg.device)
     model.train().requires_grad_(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
+    step = TrainStep(model, cfg)
     g = torch.Generator().manual_seed(cfg.seed)
     history, start = [], time.perf_counter()
-    for step in range(cfg.steps):
-        tokens, weights = data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g)
-        tokens, weights = tokens.to(cfg.device), weights.to(cfg.device)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        out = train_forward(model, tokens)
-        ce = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
-                             reduction="none")
-        loss = (ce * weights.flatten()).sum() / weights.sum()
-        opt.zero_grad(set_to_none=True)
-        (loss + cfg.index_loss_weight * out.index_kl).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 50 == 0 or step == cfg.steps - 1:
-            entry = {"step": step, "loss": loss.item(), "index_kl": out.index_kl.item(),
+    for i in range(cfg.steps):
+        tokens, weights = data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g,
+                                              max_facts=cfg.max_facts)
+        loss, index_kl = step(tokens, weights, lr_at(i, cfg))
+        if i % 50 == 0 or i == cfg.steps - 1:
+            entry = {"step": i, "loss": loss.item(), "index_kl": index_kl.item(),
                      "seconds": time.perf_counter() - start}
             history.append(entry)
-            log(f"step {step:5d}  loss {entry['loss']:.3f}  index KL {entry['index_kl']:.3f}  "
+            log(f"step {i:5d}  loss {entry['loss']:.3f}  index KL {entry['index_kl']:.3f}  "
                 f"{entry['seconds']:.0f}s")
     model.eval().requires_grad_(False)
     return model, history
