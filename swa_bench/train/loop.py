@@ -82,10 +82,11 @@ class TrainStep:
         device = torch.device(cfg.device)
         self.model, self.cfg = model, cfg
         self.capture = cfg.graph and device.type == "cuda"
-        lr = torch.tensor(cfg.lr, device=device) if self.capture else cfg.lr
+        capturable = device.type == "cuda"  # eager CUDA steps too: one optimiser, one rounding
+        lr = torch.tensor(cfg.lr, device=device) if capturable else cfg.lr
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
-                                     weight_decay=cfg.weight_decay, capturable=self.capture,
-                                     foreach=True if self.capture else None)
+                                     weight_decay=cfg.weight_decay, capturable=capturable,
+                                     foreach=True if capturable else None)
         self.tokens = torch.zeros(cfg.batch, cfg.seq_len, dtype=torch.long, device=device)
         self.weights = torch.zeros(cfg.batch, cfg.seq_len - 1, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None

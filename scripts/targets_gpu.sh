@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 12's targets that one H200 call can measure, in one device call (about 8 minutes):
+#   1. pytest -m cuda: every GPU test (kernels vs the PyTorch path, the captured training step)
+#   2. v41-flash 16K eager again, and `swa-bench compare` against the committed H200 run
+#      (reports/h200-v41-flash-eager-16k): two runs within 2% is the target
+#   3. graph-modes.yaml on the GPU: each case's reference / replay ms (the small preset's mixed
+#      eager step: target under 15 ms)
+#   4. threshold-sweep.yaml on the GPU: the trim-threshold advice, and replay vs reference per length
+#   5. scripts/profile_gpu.py 16384: where the v41-flash step's GPU time goes, by kernel kind
+# Usage (carry [".whl"]): bash scripts/targets_gpu.sh. Everything comes back in $OUT/targets.tgz;
+# the summary ($OUT/targets.txt) is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+OUT=${OUT:-/tmp/out}; W=/tmp/targets; RUNS=$W/runs; mkdir -p "$OUT" "$RUNS"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$W/gpu.txt"
+
+step() {  # name, time limit (s), command...
+  local name=$1 limit=$2 start=$SECONDS rc; shift 2
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc=$rc in $((SECONDS - start)) s" >> "$W/steps.txt"
+}
+step cuda-tests 150 python3 -m pytest -q -m cuda -p no:cacheprovider
+step flash-16k 130 python3 -m swa_bench run scenarios/v41-flash-gpu.yaml \
+  --select "eager/bounded/T=16384/" --out "$RUNS/eager-16k"
+step compare-16k 30 python3 -m swa_bench compare reports/h200-v41-flash-eager-16k/results.json \
+  "$RUNS/eager-16k/results.json" --max-slowdown 0.02
+step graph-modes 120 python3 -m swa_bench run scenarios/graph-modes.yaml --out "$RUNS/graph-modes"
+step threshold-sweep 100 python3 -m swa_bench run scenarios/threshold-sweep.yaml \
+  --out "$RUNS/threshold-sweep"
+step profile 150 env OUT="$W" python3 scripts/profile_gpu.py 16384
+
+{
+  cat "$W/gpu.txt" "$W/steps.txt"
+  echo "== 1. pytest -m cuda"; tail -4 "$W/cuda-tests.log"
+  echo "== 2. compare 16K eager (committed run vs this one)"; tail -15 "$W/compare-16k.log"
+  echo "== 3/4. graph-modes and threshold-sweep: reference / replay median ms"
+  python3 - "$RUNS" <<'PY'
+import json, sys
+from pathlib import Path
+for name in ("graph-modes", "threshold-sweep", "eager-16k"):
+    path = Path(sys.argv[1]) / name / "results.json"
+    if not path.exists():
+        print(f"{name}: no results"); continue
+    data = json.loads(path.read_text())
+    for c in data["cases"]:
+        t = c.get("timing") or {}
+        ms = lambda p: (t.get(p) or {}).get("median_ms")  # noqa: E731
+        ref, rep = ms("reference"), ms("replay")
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        checks = "".join("." if k["passed"] else "F" for k in c.get("checks", []))
+        print(f"{name} {c['label']}: ref {fmt(ref)} replay {fmt(rep)} ms, speedup "
+              f"{fmt(c.get('speedup'))}, mfu {c.get('mfu')}, checks {checks} {c['status']}")
+    for a in data.get("threshold_advice", []):
+        print(f"{name} advice {a['graph_mode']} / {a['batch']}: trim_threshold "
+              f"{a['recommended_trim_threshold']} ({a['note']})")
+PY
+  echo "== 5. profile"; grep -E "^## |^  [a-z]" "$W/profile.log" || tail -5 "$W/profile.log"
+} > "$W/targets.txt" 2>&1
+tar czf "$OUT/targets.tgz" -C "$W" .
+cp "$W/targets.txt" "$OUT/"
+cat "$W/targets.txt"
