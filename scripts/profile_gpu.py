@@ -67,11 +67,11 @@ def main() -> None:
         walls = []
         for _ in range(3):
             start = time.perf_counter()
-            out = step()
+            result = step()
             torch.cuda.synchronize()
             walls.append(1e3 * (time.perf_counter() - start))
         wall = sorted(walls)[1]
-        flops = step_flops(args, requests, out.plan.kept_lens, dev)["total"]
+        flops = step_flops(args, requests, result.plan.kept_lens, dev)["total"]
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             step()
             torch.cuda.synchronize()

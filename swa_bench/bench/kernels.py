@@ -158,7 +158,7 @@ def bench_kernels(
                 for tile in (tiles or (None,)) if backend == "triton" else (None,):
                     with forced(backend, tile):
                         causal = problem.name in CAUSAL_RANGE_PROBLEMS
-                        label = ((tile or _current_tile(causal)).label()
+                        label = ((tile or _current_tile(causal, dtype)).label()
                                  if backend == "triton" else "-")
                         try:
                             stats = time_fn(problem.run, device=device, warmup=warmup,
@@ -180,10 +180,10 @@ def bench_kernels(
 CAUSAL_RANGE_PROBLEMS = ("dense", "compressed")
 
 
-def _current_tile(causal_range: bool) -> TileConfig:
+def _current_tile(causal_range: bool, dtype: torch.dtype) -> TileConfig:
     from swa_bench.kernels import tile_config
 
-    return tile_config(causal_range)
+    return tile_config(causal_range, dtype)
 
 
 def _can_run_triton(device: torch.device) -> bool:

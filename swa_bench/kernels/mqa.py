@@ -112,4 +112,4 @@ def mqa_attention(
     kv_c, c_start, c_count, keys = causal if causal is not None else (None, None, None, 0)
     return mqa_attention_op(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count,
                             float(scale), int(keys),
-                            (tile or tile_config(causal is not None)).label())
+                            (tile or tile_config(causal is not None, q.dtype)).label())

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     distances = tuple(d for d in (8, 32, 128, 240) if d < cfg.seq_len - 4)
     figures = evaluate(model, prompts=a.eval_prompts, length=cfg.seq_len, distances=distances)
-    print(f"trained {cfg.steps} steps in {seconds:.0f}s on {cfg.device}")
+    print(f"trained {cfg.steps} steps in {seconds:.1f}s on {cfg.device}")
     print(f"full prefill, prompts of {cfg.seq_len}: {figures.line()}")
     if a.out is not None:
         meta = {"train_config": json.dumps(dataclasses.asdict(cfg)),

@@ -34,7 +34,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     index_loss_weight: float = 1.0
-    max_facts: int = 4  # facts (and queries) written into each training sequence, at most
+    max_facts: int = 16  # facts (and queries) written into each training sequence, at most
     device: str = "cpu"
     graph: bool = True  # capture the step as a CUDA graph (on CUDA)
 

@@ -186,6 +186,18 @@ def test_tile_config_rejects_bad_text(text):
         TileConfig.parse(text)
 
 
+def test_default_tile_fits_each_dtype(monkeypatch):
+    """64-key blocks only where they fit the shared memory (16-bit keys over a causal range):
+    fp32 at 64 keys asked for 272 KiB on the H200 and failed to launch."""
+    from swa_bench.kernels.config import CAUSAL_RANGE_TILE, GATHERED_TILE, _env_tile, tile_config
+
+    monkeypatch.delenv("SWA_BENCH_MQA_TILE", raising=False)
+    _env_tile.cache_clear()
+    assert tile_config(True, torch.bfloat16) == CAUSAL_RANGE_TILE
+    assert tile_config(True, torch.float32) == GATHERED_TILE
+    assert tile_config(False, torch.bfloat16) == GATHERED_TILE
+
+
 # --- compiled kernels on the GPU ----------------------------------------------------------------
 
 FLASH = PRESETS["v41-flash"]
