@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swa_bench.kernels import fused_hc, hc_post, hc_pre
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
@@ -144,12 +145,16 @@ class HyperConnection(nn.Module):
         gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
+        if fused_hc(streams):
+            return hc_pre(streams, pre), post
         return weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)]), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
         if self.hc == 1:
             return (streams[0] + out,)
         mix = self.mixing()
+        if fused_hc(streams, out):
+            return hc_post(streams, out, post, mix)
         return tuple(
             weighted_sum((out, *streams), [post[:, i : i + 1], *mix[i]]) for i in range(self.hc)
         )

@@ -8,8 +8,9 @@ the same prompts. A step budget (not a time budget) makes the result independent
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,33 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     done = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Step ``i``'s batch, drawn from its own generator (seeded by the run's seed and ``i``): the
+    stream is the same whichever worker draws which step."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+
+    def __len__(self) -> int:
+        return self.cfg.steps
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
+        return data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g,
+                                   max_facts=cfg.max_facts)
+
+
+def batches(cfg: TrainConfig) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """The run's batches in step order. On CUDA, worker processes draw them ahead of the step:
+    drawing a batch (Python, per sequence) takes longer than a replayed step."""
+    data.corpus("train")  # read once here; forked workers inherit it
+    workers = 0 if cfg.device == "cpu" else min(8, max(1, (os.cpu_count() or 2) - 2))
+    return torch.utils.data.DataLoader(StepBatches(cfg), batch_size=None, shuffle=False,
+                                       num_workers=workers,
+                                       prefetch_factor=8 if workers else None)
 
 
 class TrainStep:
@@ -140,11 +168,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transfo
     model, _ = build_model(cfg.args, seed=cfg.seed, device=cfg.device)
     model.train().requires_grad_(True)
     step = TrainStep(model, cfg)
-    g = torch.Generator().manual_seed(cfg.seed)
     history, start = [], time.perf_counter()
-    for i in range(cfg.steps):
-        tokens, weights = data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g,
-                                              max_facts=cfg.max_facts)
+    for i, (tokens, weights) in enumerate(batches(cfg)):
         loss, index_kl = step(tokens, weights, lr_at(i, cfg))
         if i % 50 == 0 or i == cfg.steps - 1:
             entry = {"step": i, "loss": loss.item(), "index_kl": index_kl.item(),

@@ -45,10 +45,12 @@ def test_sinkhorn_mix_follows_the_weights():
     hc = HyperConnection(PRESETS["tiny"])
     with torch.no_grad():
         hc.res_logits.normal_()
-    first = hc.mixing()
-    assert torch.equal(first, sinkhorn(hc.res_logits.float()))
-    assert hc.mixing() is first  # computed once
-    with torch.no_grad():
+    with torch.no_grad():  # inference: engine steps run without gradients
+        first = hc.mixing()
+        assert torch.equal(first, sinkhorn(hc.res_logits.float()))
+        assert hc.mixing() is first  # computed once
         hc.res_logits.mul_(2)
-    assert torch.equal(hc.mixing(), sinkhorn(hc.res_logits.float()))
-    assert not torch.equal(hc.mixing(), first)
+        assert torch.equal(hc.mixing(), sinkhorn(hc.res_logits.float()))
+        assert not torch.equal(hc.mixing(), first)
+    trained = hc.mixing()  # a training forward computes it, with its gradient
+    assert trained.requires_grad and trained is not hc.mixing()

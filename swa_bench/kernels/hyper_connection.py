@@ -1,0 +1,75 @@
+"""``hc_pre`` and ``hc_post``: the mHC stream sums in one pass (Triton), for up to four streams.
+
+The model calls them when ``attention_backend`` picks Triton and no gradient is wanted (they have
+no backward: training uses the PyTorch path); ``model.weighted_sum`` stays the CPU path and the
+oracle. Each row's result depends on that row alone, so they are batch-invariant, and a replayed
+CUDA graph runs them as eager steps do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from swa_bench.kernels.config import attention_backend
+
+MAX_STREAMS = 4
+BLOCK_D = 1024
+
+
+def fused_hc(streams: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> bool:
+    """Whether these streams' sums (and a ``post``'s sublayer ``out``) run here: the Triton
+    backend is chosen for their device, no gradient is wanted, and the kernels take them (at
+    most four 2-D streams; every tensor with unit column stride, one row stride, one dtype)."""
+    first = streams[0]
+    if attention_backend(first.device) != "triton" or len(streams) > MAX_STREAMS:
+        return False
+    every = (*streams, out) if out is not None else tuple(streams)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in every):
+        return False
+    return first.dim() == 2 and first.stride(1) == 1 and all(
+        t.stride() == first.stride() and t.dtype == first.dtype for t in every)
+
+
+def _grid(rows: int, dim: int) -> tuple[int, int]:
+    return rows, -(-dim // BLOCK_D)
+
+
+def _padded(streams: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return list(streams) + [streams[0]] * (MAX_STREAMS - len(streams))
+
+
+def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor) -> torch.Tensor:
+    """``sum_j gains[:, j] * streams[j]`` in fp32, rounded once to the streams' dtype."""
+    from swa_bench.kernels import triton_hc
+
+    rows, dim = streams[0].shape
+    y = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
+    if rows == 0:
+        return y
+    gains = gains.float()
+    s = _padded(streams)
+    triton_hc.hc_pre_kernel[_grid(rows, dim)](
+        *s, gains, y, s[0].stride(0), gains.stride(0), y.stride(0), dim,
+        HC=len(streams), BLOCK_D=BLOCK_D, num_warps=4)
+    return y
+
+
+def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tensor,
+            mix: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Stream ``i`` becomes ``post[:, i] * out + sum_j mix[i, j] * streams[j]`` (fp32 sums)."""
+    from swa_bench.kernels import triton_hc
+
+    rows, dim = streams[0].shape
+    hc = len(streams)
+    ys = [torch.empty_like(streams[0], memory_format=torch.contiguous_format) for _ in range(hc)]
+    if rows == 0:
+        return tuple(ys)
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    post, mix = post.float(), mix.float().contiguous()
+    s, y = _padded(streams), _padded(ys)
+    triton_hc.hc_post_kernel[_grid(rows, dim)](
+        out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
+        dim, HC=hc, BLOCK_D=BLOCK_D, num_warps=4)
+    return tuple(ys)

@@ -1,0 +1,77 @@
+"""The Triton kernels of the mHC sums: every stream read once, every output written once.
+
+The PyTorch path (``model.weighted_sum``) makes one pass per term and output: a ``post`` over four
+streams reads 20 row-blocks and writes 16 in mixed-dtype kernels that do not vectorise (a quarter
+of a V4.1-Flash prefill on an H200). Here one program owns a block of one row's columns: it loads
+the sublayer output and the streams once, accumulates each output in fp32 in the PyTorch path's
+order (first term times its gain, then each further term's product added), and rounds once.
+
+Imported lazily (``swa_bench.kernels.hyper_connection``), as ``triton_mqa`` is.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load(ptr, row, stride, cols, mask):
+    return tl.load(ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def hc_pre_kernel(s0, s1, s2, s3, gains, y, stride_s, stride_g, stride_y, D,
+                  HC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``y[r] = sum_j gains[r, j] * s_j[r]`` (``gains`` fp32 ``[T, >= HC]``)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < D
+    g = gains + row * stride_g
+    acc = _load(s0, row, stride_s, cols, mask) * tl.load(g)
+    if HC > 1:
+        acc += _load(s1, row, stride_s, cols, mask) * tl.load(g + 1)
+    if HC > 2:
+        acc += _load(s2, row, stride_s, cols, mask) * tl.load(g + 2)
+    if HC > 3:
+        acc += _load(s3, row, stride_s, cols, mask) * tl.load(g + 3)
+    tl.store(y + row * stride_y + cols, acc.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _post_one(o, x0, x1, x2, x3, post, mix, i: tl.constexpr, HC: tl.constexpr):
+    acc = o * tl.load(post + i)
+    acc += x0 * tl.load(mix + i * HC)
+    if HC > 1:
+        acc += x1 * tl.load(mix + i * HC + 1)
+    if HC > 2:
+        acc += x2 * tl.load(mix + i * HC + 2)
+    if HC > 3:
+        acc += x3 * tl.load(mix + i * HC + 3)
+    return acc
+
+
+@triton.jit
+def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
+                   stride_o, stride_s, stride_p, stride_y, D,
+                   HC: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``y_i[r] = post[r, i] * out[r] + sum_j mix[i, j] * s_j[r]`` for each of the ``HC``
+    outputs (``post`` fp32 ``[T, >= HC]``, ``mix`` fp32 ``[HC, HC]`` contiguous)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < D
+    o = _load(out, row, stride_o, cols, mask)
+    x0 = _load(s0, row, stride_s, cols, mask)
+    x1 = _load(s1, row, stride_s, cols, mask) if HC > 1 else x0
+    x2 = _load(s2, row, stride_s, cols, mask) if HC > 2 else x0
+    x3 = _load(s3, row, stride_s, cols, mask) if HC > 3 else x0
+    p = post + row * stride_p
+    at = row * stride_y + cols
+    dtype = y0.dtype.element_ty
+    tl.store(y0 + at, _post_one(o, x0, x1, x2, x3, p, mix, 0, HC).to(dtype), mask=mask)
+    if HC > 1:
+        tl.store(y1 + at, _post_one(o, x0, x1, x2, x3, p, mix, 1, HC).to(dtype), mask=mask)
+    if HC > 2:
+        tl.store(y2 + at, _post_one(o, x0, x1, x2, x3, p, mix, 2, HC).to(dtype), mask=mask)
+    if HC > 3:
+        tl.store(y3 + at, _post_one(o, x0, x1, x2, x3, p, mix, 3, HC).to(dtype), mask=mask)

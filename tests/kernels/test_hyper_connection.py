@@ -1,0 +1,94 @@
+"""The fused mHC sums against the model's PyTorch sums (``weighted_sum``, the oracle): on CPU
+through Triton's interpreter, on CUDA compiled; and the model's choice of path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swa_bench.kernels import hc_post, hc_pre
+from swa_bench.model.args import PRESETS
+from swa_bench.model.model import build_model, sinkhorn, weighted_sum
+
+
+def problem(rows: int, dim: int, hc: int, dtype, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    streams = [torch.randn(rows, dim, generator=g, device=device).to(dtype) for _ in range(hc)]
+    out = torch.randn(rows, dim, generator=g, device=device).to(dtype)
+    gains = torch.rand(rows, 2 * hc, generator=g, device=device) * 2
+    mix = sinkhorn(torch.randn(hc, hc, generator=g, device=device))
+    return streams, out, gains[:, :hc], gains[:, hc:], mix
+
+
+def oracle_pre(streams, pre):
+    return weighted_sum(streams, [pre[:, j : j + 1] for j in range(len(streams))])
+
+
+def oracle_post(streams, out, post, mix):
+    return [weighted_sum((out, *streams), [post[:, i : i + 1], *mix[i]])
+            for i in range(len(streams))]
+
+
+def close(mine, theirs, dtype):
+    """One rounding of the output apart at most: both sum in fp32, in the same order, but the
+    compiler may fuse a multiply and an add the other path rounds between."""
+    ulp = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7}[dtype]
+    torch.testing.assert_close(mine.float(), theirs.float(), rtol=ulp, atol=ulp)
+
+
+@pytest.mark.parametrize("hc", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sums_match_the_torch_path(interpreter, hc, dtype):
+    # 1100 columns: one full block and a masked tail; 5 rows.
+    streams, out, pre, post, mix = problem(5, 1100, hc, dtype)
+    close(hc_pre(streams, pre), oracle_pre(streams, pre), dtype)
+    for mine, theirs in zip(hc_post(streams, out, post, mix),
+                            oracle_post(streams, out, post, mix), strict=True):
+        close(mine, theirs, dtype)
+
+
+def test_a_rows_sum_does_not_depend_on_the_batch(interpreter):
+    streams, out, pre, post, mix = problem(6, 300, 4, torch.float32)
+    whole = hc_post(streams, out, post, mix)
+    part = hc_post([s[2:4] for s in streams], out[2:4], post[2:4], mix)
+    for a, b in zip(whole, part, strict=True):
+        assert torch.equal(a[2:4], b)
+    assert torch.equal(hc_pre(streams, pre)[2:4], hc_pre([s[2:4] for s in streams], pre[2:4]))
+
+
+def test_model_takes_the_fused_sums_only_without_gradients(interpreter, monkeypatch):
+    """With the Triton backend forced, an inference forward runs the kernels and gives the
+    PyTorch path's logits up to rounding; a training forward keeps the PyTorch path."""
+    import swa_bench.model.model as model_module
+
+    args = PRESETS["tiny"].replace(hc_mult=4, max_seq_len=32)
+    model, _ = build_model(args, seed=0)
+    tokens = torch.randint(0, args.vocab_size, (1, 12))
+    from swa_bench.train.forward import train_forward
+
+    with torch.no_grad():
+        reference = train_forward(model, tokens).logits
+    calls = []
+    real = model_module.hc_post
+    monkeypatch.setattr(model_module, "hc_post", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
+    with torch.no_grad():
+        fused = train_forward(model, tokens).logits
+    assert len(calls) == 2 * args.n_layers
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+    model.requires_grad_(True)
+    calls.clear()
+    train_forward(model, tokens).logits.sum().backward()
+    assert not calls
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sums_on_cuda(dtype):
+    streams, out, pre, post, mix = problem(37, 5120, 4, dtype, device="cuda")
+    close(hc_pre(streams, pre), oracle_pre(streams, pre), dtype)
+    for mine, theirs in zip(hc_post(streams, out, post, mix),
+                            oracle_post(streams, out, post, mix), strict=True):
+        close(mine, theirs, dtype)
+    empty = [s[:0] for s in streams]
+    assert hc_pre(empty, pre[:0]).shape == (0, 5120)
