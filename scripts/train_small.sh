@@ -6,7 +6,7 @@
 #   run{1,2}.log                      each run's loss curve and figures
 # Usage there (carry the safetensors wheel in .whl/):
 #   bash scripts/train_small.sh [--steps N] [other args of python -m swa_bench.train]
-# Without --steps, a 100-step probe times one step and the step count is the most that fits
+# Without --steps, a 200-step probe times one step and the step count is the most that fits
 # BUDGET seconds (default 330) for the two runs side by side; both runs use that same count,
 # and the card records it.
 set -uo pipefail
@@ -20,12 +20,21 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt" || true
 args=("$@")
 if [[ " $* " != *" --steps "* ]]; then
-  python3 -m swa_bench.train --device cuda --seed 0 --steps 100 --eval-prompts 8 "${args[@]}" \
+  python3 -m swa_bench.train --device cuda --seed 0 --steps 200 --eval-prompts 8 "${args[@]}" \
     > "$OUT/probe.log" 2>&1
-  seconds=$(sed -n 's/^trained 100 steps in \([0-9.]*\)s.*/\1/p' "$OUT/probe.log")
-  [ -n "$seconds" ] || { tail -20 "$OUT/probe.log"; exit 1; }
-  steps=$(python3 -c "print(int(${BUDGET:-330} / (2 * $seconds / 100)) // 100 * 100)")
-  echo "probe: 100 steps in ${seconds}s alone; two runs of $steps steps side by side" | tee "$OUT/steps.txt"
+  # seconds per step between the step-50 and the last log line (start-up and capture excluded)
+  steps=$(python3 - "$OUT/probe.log" "${BUDGET:-330}" <<'PY'
+import re, sys
+marks = [(int(a), float(b)) for a, b in
+         re.findall(r"^step +(\d+) .* ([0-9.]+)s$", open(sys.argv[1]).read(), re.M)]
+(s0, t0), (s1, t1) = marks[1], marks[-1]
+per_step = (t1 - t0) / (s1 - s0)
+print(int(float(sys.argv[2]) / (2 * per_step)) // 100 * 100, f"{per_step * 1e3:.1f}")
+PY
+)
+  [ -n "$steps" ] || { tail -20 "$OUT/probe.log"; exit 1; }
+  read -r steps ms <<< "$steps"
+  echo "probe: ${ms} ms a step alone; two runs of $steps steps side by side" | tee "$OUT/steps.txt"
   args+=(--steps "$steps")
 fi
 for run in run1 run2; do

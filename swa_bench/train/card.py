@@ -51,7 +51,10 @@ AdamW lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to a tenth), batch
 full prefill computes, sparse selection included (a test holds it to the engine). The
 indexer's top-k is not differentiable: it is trained by the KL from each index source's dense
 attention over the visible global positions to the indexer's softmax (DeepSeek's signal), its
-inputs detached. Routed experts have no load-balancing loss.
+inputs detached. Routed experts have no load-balancing loss. mHC starts as a plain residual
+(`start_as_plain_residual`: mixing {cfg.residual_init:g} x I before sinkhorn, pre gains 1/hc,
+post gains 1, dynamic gains 0); from the seeded dummy weights' random mix, CPU ablations
+learned no recall.
 
 Loss by step: {curve}.
 

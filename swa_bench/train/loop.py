@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from swa_bench.model.args import PRESETS, ModelArgs
-from swa_bench.model.model import Transformer, build_model
+from swa_bench.model.model import HyperConnection, Transformer, build_model
 from swa_bench.tasks import data
 from swa_bench.train.forward import train_forward
 
@@ -35,6 +35,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     index_loss_weight: float = 1.0
+    residual_init: float = 4.0  # mHC res_logits start at this times the identity
     max_facts: int = 16  # facts (and queries) written into each training sequence, at most
     device: str = "cpu"
     graph: bool = True  # capture the step as a CUDA graph (on CUDA)
@@ -90,7 +91,8 @@ def batches(cfg: TrainConfig) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     workers = 0 if cfg.device == "cpu" else min(8, max(1, (os.cpu_count() or 2) - 2))
     return torch.utils.data.DataLoader(StepBatches(cfg), batch_size=None, shuffle=False,
                                        num_workers=workers,
-                                       prefetch_factor=8 if workers else None)
+                                       prefetch_factor=8 if workers else None,
+                                       pin_memory=workers > 0)
 
 
 class TrainStep:
@@ -162,10 +164,27 @@ class TrainStep:
         return self.out
 
 
+@torch.no_grad()
+def start_as_plain_residual(model: Transformer, diagonal: float) -> None:
+    """mHC starts as a plain pre-norm residual, as mHC is initialised: every stream stays in place
+    (residual mixing ``diagonal * I`` before sinkhorn: 0.95 of each of 4 streams), each sublayer
+    reads the streams' mean (static pre gains 1/hc), adds its output to every stream (post gain
+    1), and the per-row dynamic gains start at zero. From the seeded dummy weights' random mix
+    and gains, CPU ablations (T = 64, 1250 steps) learned no recall; from this start, 0.19-0.40."""
+    for module in model.modules():
+        if isinstance(module, HyperConnection) and module.hc > 1:
+            hc = module.hc
+            module.res_logits.copy_(diagonal * torch.eye(hc, device=module.res_logits.device))
+            module.dynamic.weight.zero_()
+            module.static_pre.fill_(-math.log(hc - 1))  # sigmoid: 1 / hc
+            module.static_post.zero_()  # 2 sigmoid(0) = 1
+
+
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transformer, list[dict]]:
     """The trained model (eval mode, no gradients) and its loss history."""
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.args, seed=cfg.seed, device=cfg.device)
+    start_as_plain_residual(model, cfg.residual_init)
     model.train().requires_grad_(True)
     step = TrainStep(model, cfg)
     history, start = [], time.perf_counter()
@@ -176,7 +195,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transfo
                      "seconds": time.perf_counter() - start}
             history.append(entry)
             log(f"step {i:5d}  loss {entry['loss']:.3f}  index KL {entry['index_kl']:.3f}  "
-                f"{entry['seconds']:.0f}s")
+                f"{entry['seconds']:.1f}s")
     model.eval().requires_grad_(False)
     return model, history
 

@@ -17,7 +17,7 @@ from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
 from swa_bench.tasks import data
 from swa_bench.train.forward import train_forward
-from swa_bench.train.loop import TrainConfig, TrainStep, train
+from swa_bench.train.loop import StepBatches, TrainConfig, TrainStep, train
 
 CONFIGS = {
     "dense": build_args("tiny", {"max_seq_len": 64}),
@@ -112,3 +112,12 @@ def test_a_replayed_training_step_is_the_eager_step():
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-3 * scale + 1e-9, msg=name)
         moved += scale > 0
     assert moved > 0.9 * len(before)
+
+
+def test_step_batches_do_not_depend_on_which_worker_draws_them():
+    cfg = TrainConfig(preset="v41-mini", steps=5, batch=2, seq_len=64)
+    alone = [StepBatches(cfg)[i] for i in range(5)]
+    loader = torch.utils.data.DataLoader(StepBatches(cfg), batch_size=None, num_workers=2)
+    for (tokens, weights), (t, w) in zip(alone, loader, strict=True):
+        assert torch.equal(tokens, t) and torch.equal(weights, w)
+    assert not torch.equal(alone[0][0], alone[1][0])
