@@ -105,9 +105,12 @@ def recall_prompt(length: int, distance: int, g: torch.Generator, *, split: str 
 
 def copy_prompt(length: int, g: torch.Generator, *, split: str = "held_out",
                 window: int = 16) -> Prompt:
-    """Held-out text ending in ``COPY`` and a repeated pattern that fits the last window."""
+    """Held-out text ending in ``COPY`` and a repeated pattern that fits the last window. The
+    prompt shows ``window - 2`` symbols, so the answer is the last symbol a training segment can
+    hold (segments are shorter than the window): after ``window - 1`` symbols a segment always
+    ended in training, and a trained model rightly predicts text there."""
     period = int(torch.randint(2, 7, (1,), generator=g))
-    span = min(window - 1, length - 1)
+    span = min(window - 2, length - 1)
     reps = torch.tensor(draw(SYMBOLS, period, g)).repeat(span // period + 1)
     seq = text_window(corpus(split), length, g)
     seq[length - span - 1] = COPY
