@@ -118,8 +118,8 @@ def copy_prompt(length: int, g: torch.Generator, *, split: str = "held_out",
     return Prompt(tuple(seq.tolist()), int(reps[span]), "copy", span)
 
 
-def training_batch(batch: int, length: int, window: int, g: torch.Generator,
-                   max_facts: int = 4):
+def training_batch(batch: int, length: int, window: int, g: torch.Generator, *,
+                   max_facts: int):
     """``(tokens [B, T], loss weights [B, T - 1])`` of training text with tasks written in: a
     copy segment inside one window, 1 to ``max_facts`` facts and as many later queries of random
     facts. The weights put ``ANSWER_WEIGHT`` on the answers (a queried value, a pattern's

@@ -23,10 +23,18 @@ from swa_bench.train.card import card_text
 from swa_bench.train.loop import TrainConfig, evaluate, train
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit 2 (no usage block, nothing written)."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     default = TrainConfig()
-    p = argparse.ArgumentParser(prog="python -m swa_bench.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m swa_bench.train", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=default.seed)
     p.add_argument("--steps", type=int, default=default.steps)
     p.add_argument("--batch", type=int, default=default.batch)
@@ -41,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="checkpoint to write (default: none, figures only)")
     a = p.parse_args(argv)
+    for name in ("steps", "batch", "max_facts", "eval_prompts"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.seq_len > default.args.max_seq_len or a.seq_len < 4 * default.args.window:
         p.error(f"--seq-len must lie in [{4 * default.args.window}, "
                 f"{default.args.max_seq_len}]")

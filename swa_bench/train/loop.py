@@ -88,7 +88,8 @@ def batches(cfg: TrainConfig) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """The run's batches in step order. On CUDA, worker processes draw them ahead of the step:
     drawing a batch (Python, per sequence) takes longer than a replayed step."""
     data.corpus("train")  # read once here; forked workers inherit it
-    workers = 0 if cfg.device == "cpu" else min(8, max(1, (os.cpu_count() or 2) - 2))
+    on_cpu = torch.device(cfg.device).type == "cpu"
+    workers = 0 if on_cpu else min(8, max(1, (os.cpu_count() or 2) - 2))
     return torch.utils.data.DataLoader(StepBatches(cfg), batch_size=None, shuffle=False,
                                        num_workers=workers,
                                        prefetch_factor=8 if workers else None,

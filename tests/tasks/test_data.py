@@ -42,7 +42,7 @@ def test_copy_prompt_answer_continues_the_pattern_inside_the_window():
 
 def test_training_batch_weights_its_answers():
     g = torch.Generator().manual_seed(2)
-    tokens, weights = data.training_batch(8, 96, 16, g)
+    tokens, weights = data.training_batch(8, 96, 16, g, max_facts=4)
     assert tokens.shape == (8, 96) and weights.shape == (8, 95)
     for seq, w in zip(tokens.tolist(), weights.tolist(), strict=True):
         values = {seq[i + 1]: seq[i + 2] for i in range(94) if seq[i] == data.FACT}
