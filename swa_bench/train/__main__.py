@@ -31,6 +31,17 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def length_warmup(text: str) -> tuple[tuple[int, int], ...]:
+    """``64:1500,128:1000`` -> ((64, 1500), (128, 1000)); ``none`` -> ()."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple((int(a), int(b)) for a, b in (part.split(":") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not LENGTH:STEPS[,LENGTH:STEPS...] or none") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     default = TrainConfig()
     p = _Parser(prog="python -m swa_bench.train", description=__doc__,
@@ -42,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=default.lr)
     p.add_argument("--max-facts", type=int, default=default.max_facts,
                    help="facts (and as many queries) written into a training sequence, at most")
+    p.add_argument("--length-warmup", type=length_warmup,
+                   default=default.length_warmup, metavar="LENGTH:STEPS,...",
+                   help="shorter prompt lengths trained first, with their step counts "
+                        "(part of --steps); 'none' trains every step at --seq-len")
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=default.graph,
                    help="capture the training step as a CUDA graph (CUDA only)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -52,12 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("steps", "batch", "max_facts", "eval_prompts"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
-    if a.seq_len > default.args.max_seq_len or a.seq_len < 4 * default.args.window:
-        p.error(f"--seq-len must lie in [{4 * default.args.window}, "
-                f"{default.args.max_seq_len}]")
     cfg = dataclasses.replace(default, seed=a.seed, steps=a.steps, batch=a.batch,
                               seq_len=a.seq_len, lr=a.lr, max_facts=a.max_facts,
-                              device=a.device, graph=a.graph)
+                              length_warmup=a.length_warmup, device=a.device, graph=a.graph)
+    if problems := cfg.problems():
+        p.error(problems[0])
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.perf_counter()
     model, history = train(cfg)

@@ -19,9 +19,12 @@ def card_text(cfg: TrainConfig, figures: Figures, history: list[dict], seconds: 
     every = max(1, len(history) // 8)
     points = history[::every] + ([] if (len(history) - 1) % every == 0 else history[-1:])
     curve = ", ".join(f"{h['step']}: {h['loss']:.2f}" for h in points)
-    graphed = cfg.graph and cfg.device.startswith("cuda")
+    graphed = (", each step replayed as one CUDA graph"
+               if cfg.graph and cfg.device.startswith("cuda") else "")
     recall = " | ".join(f"{a:.2f}" for a in figures.recall.values())
     heads = " | ".join(f"d={d}" for d in figures.recall)
+    warmup = ",".join(f"{n}:{k}" for n, k in cfg.length_warmup) or "none"
+    phases = "".join(f"{k} steps at {n} tokens, then " for n, k in cfg.length_warmup)
     return f"""# {path.stem}: a small trained V4.1-style model
 
 **What it is.** The `{cfg.preset}` preset trained from scratch: byte-level
@@ -38,16 +41,18 @@ that trains in minutes, to show the direction and size of bounded replay's effec
 that has learned to use both kinds of context.
 
 **How it was made.** `python -m swa_bench.train --seed {cfg.seed} --steps {cfg.steps} --batch
-{cfg.batch} --seq-len {cfg.seq_len} --lr {cfg.lr:g} --max-facts {cfg.max_facts} --device
-{cfg.device}` ({seconds:.0f} s{", each step replayed as one CUDA graph" if graphed else ""}, torch
-{torch.__version__}, Python {sys.version.split()[0]}). Data generated from the seed
+{cfg.batch} --seq-len {cfg.seq_len} --length-warmup {warmup} --lr {cfg.lr:g} --max-facts
+{cfg.max_facts} --device {cfg.device}` ({seconds:.0f} s{graphed}, torch {torch.__version__},
+Python {sys.version.split()[0]}). Data generated from the seed
 (`swa_bench/tasks/data.py`): the Python standard library's source text, byte-level, split into
 training and held-out files by a hash of the file name, with synthetic tasks written in:
 associative recall (`FACT key value` far back, `QUERY key` later: needs the global KV) and
 copying a pattern inside one window (needs the window KV), up to {cfg.max_facts} facts and as
 many queries a sequence; answer tokens weigh {data.ANSWER_WEIGHT:g}x in the loss.
-AdamW lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to a tenth), batch
-{cfg.batch} x {cfg.seq_len} tokens. The forward (`swa_bench/train/forward.py`) computes what a
+AdamW lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to a tenth), batch {cfg.batch} sequences:
+{phases}the rest at {cfg.seq_len} tokens (at 64 tokens the indexer's top-k keeps every
+compressed position, so recall is learned densely and the indexer learns to find the facts
+before the top-k hides anything). The forward (`swa_bench/train/forward.py`) computes what a
 full prefill computes, sparse selection included (a test holds it to the engine). The
 indexer's top-k is not differentiable: it is trained by the KL from each index source's dense
 attention over the visible global positions to the indexer's softmax (DeepSeek's signal), its

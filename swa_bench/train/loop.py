@@ -37,12 +37,43 @@ class TrainConfig:
     index_loss_weight: float = 1.0
     residual_init: float = 4.0  # mHC res_logits start at this times the identity
     max_facts: int = 16  # facts (and queries) written into each training sequence, at most
+    length_warmup: tuple[tuple[int, int], ...] = ((64, 1500), (128, 1000))
     device: str = "cpu"
     graph: bool = True  # capture the step as a CUDA graph (on CUDA)
 
     @property
     def args(self) -> ModelArgs:
         return PRESETS[self.preset]
+
+    def problems(self) -> list[str]:
+        """What is wrong with this configuration, one line each (none: it can train)."""
+        out, shortest, warm = [], 4 * self.args.window, 0
+        if not shortest <= self.seq_len <= self.args.max_seq_len:
+            out.append(f"seq_len {self.seq_len} must lie in [{shortest}, "
+                       f"{self.args.max_seq_len}]")
+        previous = 0
+        for length, steps in self.length_warmup:
+            if not (max(previous, shortest - 1) < length < self.seq_len and steps >= 1):
+                out.append(f"length warm-up phase {length}:{steps} needs {shortest} <= length "
+                           f"< seq_len {self.seq_len}, lengths rising, steps >= 1")
+            previous, warm = length, warm + steps
+        if warm >= self.steps:
+            out.append(f"the length warm-up's {warm} steps leave none of {self.steps} at "
+                       f"seq_len {self.seq_len}")
+        return out
+
+
+def seq_len_at(step: int, cfg: TrainConfig) -> int:
+    """The prompt length trained at ``step``: the warm-up phases' shorter lengths in order, then
+    ``seq_len``. Why: at 64 tokens the indexer's top-k keeps every compressed position, so the
+    attention learns recall densely and the indexer learns (by its KL) to pick the facts; at
+    256 tokens from the start, the untrained top-k hides the fact from most queries and CPU
+    ablations and the first H200 run learned no recall."""
+    for length, steps in cfg.length_warmup:
+        if step < steps:
+            return length
+        step -= steps
+    return cfg.seq_len
 
 
 @dataclass
@@ -80,7 +111,7 @@ class StepBatches(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
-        return data.training_batch(cfg.batch, cfg.seq_len, cfg.args.window, g,
+        return data.training_batch(cfg.batch, seq_len_at(i, cfg), cfg.args.window, g,
                                    max_facts=cfg.max_facts)
 
 
@@ -104,7 +135,8 @@ class TrainStep:
     speed. Capture needs a step without host syncs (``train_forward`` has none), inputs at fixed
     addresses, and an optimiser whose learning rate is a device tensor (``capturable``). The
     first ``WARMUP`` steps run eagerly on a side stream, as capture asks. Replays run the same
-    kernels on the same shapes as the eager step, so the two train the same model.
+    kernels on the same shapes as the eager step, so the two train the same model. A batch of a
+    new length (the next warm-up phase) drops the graph and warms up and captures again.
     """
 
     WARMUP = 3
@@ -118,10 +150,20 @@ class TrainStep:
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay, capturable=capturable,
                                      foreach=True if capturable else None)
-        self.tokens = torch.zeros(cfg.batch, cfg.seq_len, dtype=torch.long, device=device)
-        self.weights = torch.zeros(cfg.batch, cfg.seq_len - 1, device=device)
+        self.tokens = torch.zeros(0, 0, dtype=torch.long, device=device)
+        self.weights = torch.zeros(0, 0, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0
+
+    def _inputs_for(self, tokens: torch.Tensor) -> None:
+        """Input buffers of ``tokens``' shape: kept while the shape holds (a graph reads them at
+        fixed addresses), new with a fresh warm-up and capture when it changes."""
+        if self.tokens.shape == tokens.shape:
+            return
+        self.graph, self.out, self.eager_steps = None, None, 0
+        self.tokens = torch.zeros_like(tokens, device=self.tokens.device)
+        self.weights = torch.zeros(tokens.shape[0], tokens.shape[1] - 1,
+                                   device=self.tokens.device)
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = train_forward(self.model, self.tokens)
@@ -136,6 +178,7 @@ class TrainStep:
     def __call__(self, tokens: torch.Tensor, weights: torch.Tensor,
                  lr: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's (weighted task loss, index KL), as device tensors (read them sparingly)."""
+        self._inputs_for(tokens)
         self.tokens.copy_(tokens)
         self.weights.copy_(weights)
         for group in self.opt.param_groups:
@@ -183,6 +226,8 @@ def start_as_plain_residual(model: Transformer, diagonal: float) -> None:
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transformer, list[dict]]:
     """The trained model (eval mode, no gradients) and its loss history."""
+    if problems := cfg.problems():
+        raise ValueError("; ".join(problems))
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.args, seed=cfg.seed, device=cfg.device)
     start_as_plain_residual(model, cfg.residual_init)
@@ -192,11 +237,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transfo
     for i, (tokens, weights) in enumerate(batches(cfg)):
         loss, index_kl = step(tokens, weights, lr_at(i, cfg))
         if i % 50 == 0 or i == cfg.steps - 1:
-            entry = {"step": i, "loss": loss.item(), "index_kl": index_kl.item(),
-                     "seconds": time.perf_counter() - start}
+            entry = {"step": i, "seq_len": tokens.shape[1], "loss": loss.item(),
+                     "index_kl": index_kl.item(), "seconds": time.perf_counter() - start}
             history.append(entry)
-            log(f"step {i:5d}  loss {entry['loss']:.3f}  index KL {entry['index_kl']:.3f}  "
-                f"{entry['seconds']:.1f}s")
+            log(f"step {i:5d}  T {entry['seq_len']:4d}  loss {entry['loss']:.3f}  "
+                f"index KL {entry['index_kl']:.3f}  {entry['seconds']:.1f}s")
     model.eval().requires_grad_(False)
     return model, history
 

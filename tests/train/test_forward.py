@@ -17,7 +17,7 @@ from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
 from swa_bench.tasks import data
 from swa_bench.train.forward import train_forward
-from swa_bench.train.loop import StepBatches, TrainConfig, TrainStep, train
+from swa_bench.train.loop import StepBatches, TrainConfig, TrainStep, seq_len_at, train
 
 CONFIGS = {
     "dense": build_args("tiny", {"max_seq_len": 64}),
@@ -68,7 +68,8 @@ def test_gradients_reach_every_parameter_and_the_indexer_only_through_its_loss()
 
 
 def test_training_is_reproducible_and_lowers_the_loss():
-    cfg = TrainConfig(preset="sparse-tiny", steps=20, batch=4, seq_len=32, lr=3e-3, warmup=5)
+    cfg = TrainConfig(preset="sparse-tiny", steps=20, batch=4, seq_len=32, lr=3e-3, warmup=5,
+                      length_warmup=())
     quiet = lambda line: None  # noqa: E731
     a, history = train(cfg, log=quiet)
     b, _ = train(dataclasses.replace(cfg, steps=2), log=quiet)
@@ -79,31 +80,22 @@ def test_training_is_reproducible_and_lowers_the_loss():
 
 
 
-@pytest.mark.cuda
-def test_a_replayed_training_step_is_the_eager_step():
-    """After the warm-up and the capture, a replay reads the new batch and the current weights
-    (its loss is the eager step's) and moves the weights as the eager step does from the same
-    weights and optimiser state, up to the backward's atomic-add rounding."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=64, device="cuda", max_facts=6)
-    g = torch.Generator().manual_seed(0)
-    batches = [data.training_batch(4, 64, cfg.args.window, g, max_facts=6) for _ in range(5)]
-    model, _ = build_model(cfg.args, seed=0, device="cuda")
-    model.train().requires_grad_(True)
-    step = TrainStep(model, cfg)
-    for tokens, weights in batches[:4]:  # three eager warm-up steps, then the capture
-        step(tokens, weights, 1e-3)
+def assert_replay_is_the_eager_step(step: TrainStep, batch, cfg: TrainConfig) -> None:
+    """``step`` holds a captured graph: its next (replayed) step reads ``batch`` and the current
+    weights (its loss is the eager step's) and moves the weights as an eager step does from the
+    same weights and optimiser state, up to the backward's atomic-add rounding."""
     assert step.graph is not None
+    model = step.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     state = copy.deepcopy(step.opt.state_dict())
-    graphed_loss = step(*batches[4], 2e-3)[0].item()
+    graphed_loss = step(*batch, 2e-3)[0].item()
 
     twin, _ = build_model(cfg.args, seed=0, device="cuda")
     twin.load_state_dict(before)
     twin.train().requires_grad_(True)
     eager = TrainStep(twin, dataclasses.replace(cfg, graph=False))
     eager.opt.load_state_dict(state)
-    eager_loss = eager(*batches[4], 2e-3)[0].item()
+    eager_loss = eager(*batch, 2e-3)[0].item()
     assert graphed_loss == pytest.approx(eager_loss, rel=1e-6)
     moved = 0
     for (name, x), y in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
@@ -114,10 +106,98 @@ def test_a_replayed_training_step_is_the_eager_step():
     assert moved > 0.9 * len(before)
 
 
+@pytest.mark.cuda
+def test_a_replayed_training_step_is_the_eager_step():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=64, device="cuda", max_facts=6)
+    g = torch.Generator().manual_seed(0)
+    batches = [data.training_batch(4, 64, cfg.args.window, g, max_facts=6) for _ in range(5)]
+    model, _ = build_model(cfg.args, seed=0, device="cuda")
+    model.train().requires_grad_(True)
+    step = TrainStep(model, cfg)
+    for tokens, weights in batches[:4]:  # three eager warm-up steps, then the capture
+        step(tokens, weights, 1e-3)
+    assert_replay_is_the_eager_step(step, batches[4], cfg)
+
+
+@pytest.mark.cuda
+def test_a_new_length_is_captured_again_and_its_replay_is_the_eager_step():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=128, device="cuda", max_facts=6)
+    g = torch.Generator().manual_seed(0)
+    short = [data.training_batch(4, 64, cfg.args.window, g, max_facts=6) for _ in range(5)]
+    long = [data.training_batch(4, 128, cfg.args.window, g, max_facts=6) for _ in range(5)]
+    model, _ = build_model(cfg.args, seed=0, device="cuda")
+    model.train().requires_grad_(True)
+    step = TrainStep(model, cfg)
+    for tokens, weights in short:
+        step(tokens, weights, 1e-3)
+    first = step.graph
+    for tokens, weights in long[:4]:
+        step(tokens, weights, 1e-3)
+    assert step.graph is not None and step.graph is not first
+    assert step.tokens.shape == (4, 128)
+    assert_replay_is_the_eager_step(step, long[4], cfg)
+
+
 def test_step_batches_do_not_depend_on_which_worker_draws_them():
-    cfg = TrainConfig(preset="v41-mini", steps=5, batch=2, seq_len=64)
+    cfg = TrainConfig(preset="v41-mini", steps=5, batch=2, seq_len=64, length_warmup=())
     alone = [StepBatches(cfg)[i] for i in range(5)]
     loader = torch.utils.data.DataLoader(StepBatches(cfg), batch_size=None, num_workers=2)
     for (tokens, weights), (t, w) in zip(alone, loader, strict=True):
         assert torch.equal(tokens, t) and torch.equal(weights, w)
     assert not torch.equal(alone[0][0], alone[1][0])
+
+
+def test_the_length_warm_up_trains_its_phases_in_order_then_seq_len():
+    cfg = TrainConfig(preset="v41-mini", steps=10, batch=2, seq_len=256,
+                      length_warmup=((64, 3), (128, 2)))
+    assert cfg.problems() == []
+    lengths = [seq_len_at(i, cfg) for i in range(cfg.steps)]
+    assert lengths == [64] * 3 + [128] * 2 + [256] * 5
+    batches = StepBatches(cfg)
+    assert [batches[i][0].shape[1] for i in (0, 2, 3, 4, 5, 9)] == [64, 64, 128, 128, 256, 256]
+    assert batches[3][1].shape == (2, 127)
+
+
+@pytest.mark.parametrize(("warmup", "steps", "message"), [
+    (((128, 3), (64, 2)), 10, "lengths rising"),
+    (((256, 3),), 10, "< seq_len 256"),
+    (((32, 3),), 10, "64 <= length"),
+    (((64, 0),), 10, "steps >= 1"),
+    (((64, 6), (128, 4)), 10, "leave none of 10"),
+])
+def test_a_bad_length_warm_up_is_refused_before_training(warmup, steps, message):
+    cfg = TrainConfig(preset="v41-mini", steps=steps, batch=2, seq_len=256, length_warmup=warmup)
+    assert any(message in line for line in cfg.problems())
+    with pytest.raises(ValueError, match=message):
+        train(cfg, log=lambda line: None)
+
+
+def test_a_step_of_a_new_length_gets_new_inputs_and_trains_on():
+    """Across a phase change the step takes the new length (fresh input buffers) and the same
+    optimiser goes on: the result equals a run that starts at the new length from the weights
+    and optimiser state the first phase left."""
+    cfg = TrainConfig(preset="sparse-tiny", steps=4, batch=2, seq_len=48, lr=3e-3, warmup=1,
+                      length_warmup=((32, 2),))
+    g = torch.Generator().manual_seed(0)
+    short = [data.training_batch(2, 32, cfg.args.window, g, max_facts=3) for _ in range(2)]
+    long = data.training_batch(2, 48, cfg.args.window, g, max_facts=3)
+    model, _ = build_model(cfg.args, seed=0)
+    model.train().requires_grad_(True)
+    step = TrainStep(model, cfg)
+    for tokens, weights in short:
+        step(tokens, weights, 1e-3)
+    before = copy.deepcopy(model.state_dict())
+    state = copy.deepcopy(step.opt.state_dict())
+    loss = step(*long, 1e-3)[0]
+    assert step.tokens.shape == (2, 48) and step.weights.shape == (2, 47)
+
+    twin, _ = build_model(cfg.args, seed=0)
+    twin.load_state_dict(before)
+    twin.train().requires_grad_(True)
+    fresh = TrainStep(twin, cfg)
+    fresh.opt.load_state_dict(state)
+    assert torch.equal(loss, fresh(*long, 1e-3)[0])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 twin.state_dict().values(), strict=True))
