@@ -8,7 +8,8 @@ grouped GEMMs of the routed experts). Counted as the code runs them:
 * attention reads W window columns per row, plus the top-k selection (sparse) or every visible
   global position up to its chunk's last one (dense, chunked as ``varlen_attention`` chunks);
 * the indexer scores each row of an index source against the keys up to its chunk's last
-  position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head;
+  position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head; the
+  fused kernel (Triton backend) against the keys up to its row block's last visible one;
 * the MoE runs the gate, the k routed experts of each row and the shared experts.
 
 Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swa_bench.kernels import attention_backend, index_score_flops
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import varlen_chunk_rows
 from swa_bench.model.requests import RequestSpec
@@ -73,9 +75,13 @@ def indexer_flops(
     ratio = args.compress_ratio_for(layer)
     projections = rows.q_len * (2 * args.q_lora_rank * heads * d + 2 * args.dim * heads)
     n_keys = rows.seq_len // ratio
+    fused = attention_backend(device) == "triton"
     total = 0
-    for c, last in chunks(rows, index_chunk_rows(n_keys, heads, device)):
-        total += c * heads * min(n_keys, last if ratio == 1 else last // ratio) * (2 * d + 2)
+    for c, last in chunks(rows, index_chunk_rows(n_keys, heads, device, fused)):
+        if fused:
+            total += index_score_flops(c, last - c, n_keys, ratio, heads, d)
+        else:
+            total += c * heads * min(n_keys, last if ratio == 1 else last // ratio) * (2 * d + 2)
     return projections + total
 
 

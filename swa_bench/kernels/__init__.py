@@ -1,5 +1,5 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
-and the mHC stream sums in one pass.
+the indexer's scores without its per-head intermediate, and the mHC stream sums in one pass.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -7,7 +7,9 @@ tested against; ``attention_backend`` decides, in one place, which one runs.
 
 from swa_bench.kernels.config import TileConfig, attention_backend, tile_config, triton_available
 from swa_bench.kernels.hyper_connection import fused_hc, hc_post, hc_pre
+from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 
-__all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_post", "hc_pre", "mqa_attention",
-           "mqa_attention_flops", "tile_config", "triton_available"]
+__all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_post", "hc_pre",
+           "index_score_flops", "index_scores_fused", "mqa_attention", "mqa_attention_flops",
+           "tile_config", "triton_available"]

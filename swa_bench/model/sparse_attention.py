@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import attention_backend, mqa_attention
+from swa_bench.kernels import attention_backend, index_scores_fused, mqa_attention
 from swa_bench.model.attention import (
     GlobalKV,
     pooled,
@@ -105,24 +105,43 @@ def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> 
     return torch.bmm(weights.to(s.dtype)[:, None, :], s).squeeze(1).float()
 
 
-def select_top_k(scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Each row's ``top_k`` visible positions (-1 pads a row with fewer): ``[C, top_k]`` long.
+def ranking_keys(scores: torch.Tensor) -> torch.Tensor:
+    """``int64 [C, n]`` keys whose descending order is a stable descending sort of the fp32
+    ``scores``: the score's bits made order-preserving in the high word, ``n - 1 - j`` in the
+    low word, so equal scores (ReLU makes many exactly 0; -0 counts as +0) rank by position
+    and no two keys tie."""
+    bits = (scores.float() + 0.0).view(torch.int32)
+    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+    n = scores.shape[1]
+    return (ordered << 32) + (n - 1 - torch.arange(n, device=scores.device))
 
-    A stable sort breaks ties (ReLU makes many scores exactly 0) by position, so every path and
-    every batch shape picks the same positions.
+
+def select_top_k(scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each row's ``top_k`` visible positions (-1 pads a row with fewer): ``[C, top_k]`` long,
+    best first.
+
+    Ties (ReLU makes many scores exactly 0) break by position, so every path and every batch
+    shape picks the same positions: ``topk`` on unique ``ranking_keys`` returns exactly what a
+    stable descending sort's first ``top_k`` would, with a selection instead of a full sort.
     """
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores = scores.float().masked_fill(~visible, float("-inf"))
     if scores.shape[1] < top_k:
         scores = torch.cat([scores, scores.new_full((scores.shape[0], top_k - scores.shape[1]),
                                                     float("-inf"))], dim=1)
-    ranked = torch.sort(scores, dim=-1, descending=True, stable=True)
-    chosen = ranked.indices[:, :top_k]
-    return torch.where(ranked.values[:, :top_k] > float("-inf"), chosen, -1)
+    chosen = torch.topk(ranking_keys(scores), top_k, dim=-1, sorted=True).indices
+    return torch.where(scores.gather(1, chosen) > float("-inf"), chosen, -1)
 
 
-def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device) -> int:
-    """Rows per indexer chunk: their scores ``[rows, heads, n_keys]`` stay within the budget."""
-    return max(1, score_budget(torch.device(device)) // (index_heads * max(n_keys, 1)))
+FUSED_SCORE_ELEMENTS = 8  # fp32-sized elements per score on the fused path (scores, top-k keys)
+
+
+def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device,
+                     fused: bool = False) -> int:
+    """Rows per indexer chunk, so that the scores stay within the budget: the PyTorch path's
+    per-head ``[rows, heads, n_keys]``, or the fused kernel's ``[rows, n_keys]`` with the
+    top-k's packed keys and masks beside them."""
+    per_score = FUSED_SCORE_ELEMENTS if fused else index_heads
+    return max(1, score_budget(torch.device(device)) // (per_score * max(n_keys, 1)))
 
 
 def visible_positions(qpos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
@@ -137,20 +156,27 @@ def select_varlen(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
 ) -> torch.Tensor:
     """The index source's selection ``[rows, top_k]`` (request-relative positions), request by
-    request with host integers, chunked by rows, keys cut at each chunk's last position."""
+    request with host integers, chunked by rows, keys cut at each chunk's last position. The
+    scores come from the fused kernel when ``attention_backend`` picks Triton."""
     out = torch.full((meta.num_rows, index.top_k), -1, dtype=torch.long, device=index.q.device)
+    fused = attention_backend(index.q.device) == "triton"
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
         keys = pooled(cache.index_key_rows(index.source, lay.cache_index, lay.seq_len), ratio)
-        chunk = index_chunk_rows(keys.shape[0], index.q.shape[1], index.q.device)
+        chunk = index_chunk_rows(keys.shape[0], index.q.shape[1], index.q.device, fused)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
             rows = slice(lay.q_start + c0, lay.q_start + c1)
-            qpos = torch.arange(lay.q_first_pos + c0, lay.q_first_pos + c1, device=out.device)
+            first = lay.q_first_pos + c0
+            qpos = torch.arange(first, lay.q_first_pos + c1, device=out.device)
             last = lay.q_first_pos + c1  # one past the chunk's last position
             n = min(keys.shape[0], last if ratio == 1 else last // ratio)
-            scores = index_scores(index.q[rows], index.weights[rows], keys[:n])
+            if fused:
+                scores = index_scores_fused(index.q[rows], index.weights[rows], keys[:n],
+                                            first, ratio)
+            else:
+                scores = index_scores(index.q[rows], index.weights[rows], keys[:n])
             out[rows] = select_top_k(scores, visible_positions(qpos, n, ratio), index.top_k)
     return out
 

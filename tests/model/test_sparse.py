@@ -168,3 +168,28 @@ def test_e5_on_the_sparse_preset(sparse_model, mode):
     config = EngineConfig(graph_mode=mode, trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128))
     result = check_e5(sparse_model, load, config)
     assert result.passed, result.message
+
+
+@pytest.mark.parametrize("n", [5, 40, 300])
+def test_top_k_selection_is_a_stable_descending_sort(n):
+    """The key-packed ``topk`` picks what a stable descending sort picks, in its order: ties
+    (many exact zeros, -0 against +0, repeated values, +-inf) by position, masked columns
+    never, -1 past the visible ones."""
+    from swa_bench.model.sparse_attention import select_top_k
+
+    gen = torch.Generator().manual_seed(n)
+    scores = torch.randn(64, n, generator=gen).relu()  # about half exact zeros
+    scores[:, ::7] = -0.0
+    scores[:, 1::9] = scores[:, :1]  # repeats of a row's first score
+    scores[3, :2] = float("inf")
+    scores[5] = float("-inf")
+    scores[6] = torch.randn(n, generator=gen) * 1e-38  # subnormals of both signs
+    visible = torch.rand(64, n, generator=gen) > 0.2
+    visible[7] = False
+    for top_k in (1, 4, 32):
+        masked = scores.masked_fill(~visible, float("-inf"))
+        ranked = torch.sort(masked, dim=-1, descending=True, stable=True)
+        k = min(top_k, n)
+        want = torch.where(ranked.values[:, :k] > float("-inf"), ranked.indices[:, :k], -1)
+        want = torch.cat([want, want.new_full((64, top_k - k), -1)], dim=1)
+        assert torch.equal(select_top_k(scores, visible, top_k), want)
