@@ -1,5 +1,6 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
-the indexer's scores without its per-head intermediate, and the mHC stream sums in one pass.
+the indexer's scores without its per-head intermediate, and the mHC stream sums and the routed
+experts' elementwise steps in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -8,8 +9,9 @@ tested against; ``attention_backend`` decides, in one place, which one runs.
 from swa_bench.kernels.config import TileConfig, attention_backend, tile_config, triton_available
 from swa_bench.kernels.hyper_connection import fused_hc, hc_post, hc_pre
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
+from swa_bench.kernels.moe import fused_moe, moe_combine, silu_mul
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 
 __all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_post", "hc_pre",
-           "index_score_flops", "index_scores_fused", "mqa_attention", "mqa_attention_flops",
-           "tile_config", "triton_available"]
+           "fused_moe", "index_score_flops", "index_scores_fused", "moe_combine",
+           "mqa_attention", "mqa_attention_flops", "silu_mul", "tile_config", "triton_available"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swa_bench.kernels import fused_hc, hc_post, hc_pre
+from swa_bench.kernels import fused_hc, fused_moe, hc_post, hc_pre, moe_combine, silu_mul
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
@@ -391,7 +391,8 @@ class MoE(nn.Module):
         top = scores.topk(self.top_k, dim=-1)
         return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
 
-    def routed(self, x: torch.Tensor) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' sum for each row of ``x``, written into ``out`` when given."""
         t, k = x.shape[0], self.top_k
         experts, weights = self.route(x)
         pairs = experts.flatten()
@@ -400,20 +401,27 @@ class MoE(nn.Module):
         ends = torch.searchsorted(pairs[order], bounds).to(torch.int32)
         w = self.experts
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
+        if fused_moe(x):
+            return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out)
         g, u = h.chunk(2, dim=-1)
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
         y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        return y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
+        return summed.to(x.dtype) if out is None else out.copy_(summed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= MOE_ROWS:
             out = self.routed(x)
         else:
-            out = torch.cat([self.routed(x[r : r + MOE_ROWS])
-                             for r in range(0, x.shape[0], MOE_ROWS)])
+            out = x.new_empty(x.shape)
+            for r in range(0, x.shape[0], MOE_ROWS):
+                self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS])
         if self.shared_w13 is not None:
-            s1, s3 = self.shared_w13(x).chunk(2, dim=-1)
+            h = self.shared_w13(x)
+            if fused_moe(x):
+                return out + self.shared_w2(silu_mul(h))
+            s1, s3 = h.chunk(2, dim=-1)
             out = out + self.shared_w2(F.silu(s1) * s3)
         return out
 

@@ -1,0 +1,113 @@
+"""The routed experts' fused elementwise steps against independent oracles (a per-token loop
+with the PyTorch path's roundings), on CPU through Triton's interpreter and on CUDA compiled;
+and the model's MoE through them against its PyTorch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swa_bench.kernels.moe import moe_combine, silu_mul
+from swa_bench.model import model as model_module
+from swa_bench.model.args import PRESETS
+from swa_bench.model.model import MoE
+
+
+def routed_outputs(tokens, k, dim, experts, dtype, device="cpu", seed=0):
+    """Expert-sorted outputs ``y`` of the (token, expert) pairs, the sort ``order`` and each
+    token's routing weights, as ``MoE.routed`` forms them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    pairs = torch.stack([torch.randperm(experts, generator=g, device=device)[:k]
+                         for _ in range(tokens)]).flatten()
+    order = torch.argsort(pairs, stable=True)
+    weights = torch.rand(tokens, k, generator=g, device=device)
+    weights = weights / weights.sum(-1, keepdim=True)
+    y = torch.randn(tokens * k, dim, generator=g, device=device).to(dtype)
+    return y, order, weights
+
+
+def oracle_combine(y, order, weights):
+    """Per token: its k rows found by search in ``order``, each times its rounded weight and
+    rounded to the dtype, summed in fp32 in slot order, rounded once."""
+    t, k = weights.shape
+    where = {int(pair): i for i, pair in enumerate(order.tolist())}
+    out = torch.empty(t, y.shape[1], dtype=y.dtype)
+    for tok in range(t):
+        acc = torch.zeros(y.shape[1], dtype=torch.float32)
+        for j in range(k):
+            w = weights[tok, j].to(y.dtype).float()
+            acc += (y[where[tok * k + j]].float() * w).to(y.dtype).float()
+        out[tok] = acc.to(y.dtype)
+    return out
+
+
+# Two roundings of the dtype apart at most: the interpreter rounds to bf16 by truncation (the
+# GPU to nearest), and the exponentials may differ in fp32's last bit, which a rounding to bf16
+# can carry one bf16 step further.
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}
+
+
+def test_combine_is_the_per_token_sum(interpreter):
+    y, order, weights = routed_outputs(9, 3, 1100, 5, torch.float32)  # 1100: a masked tail
+    assert torch.equal(moe_combine(y, order, weights), oracle_combine(y, order, weights))
+    into = torch.full((12, 1100), 7.0)
+    moe_combine(y, order, weights, out=into[2:11])
+    assert torch.equal(into[2:11], oracle_combine(y, order, weights))
+    assert bool((into[:2] == 7).all() and (into[11:] == 7).all())
+    y, order, weights = routed_outputs(9, 3, 1100, 5, torch.bfloat16)
+    tol = TOLERANCE[torch.bfloat16]
+    torch.testing.assert_close(moe_combine(y, order, weights).float(),
+                               oracle_combine(y, order, weights).float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_is_the_torch_swiglu(interpreter, dtype):
+    h = torch.randn(7, 2 * 1100, generator=torch.Generator().manual_seed(1)).to(dtype)
+    g, u = h.chunk(2, dim=-1)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
+
+
+def test_the_moe_takes_the_kernels_for_inference_only(interpreter, monkeypatch):
+    """Forced to Triton, an inference MoE (chunked, shared experts) gives the PyTorch path's
+    output up to rounding and runs the kernels; with gradients it keeps the PyTorch path."""
+    args = PRESETS["sparse-tiny"]
+    moe = MoE(args)
+    init_weights_of(moe)
+    x = torch.randn(23, args.dim, generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(model_module, "MOE_ROWS", 10)  # three chunks written in place
+    with torch.no_grad():
+        want = moe(x)
+        calls = []
+        real = model_module.moe_combine
+        monkeypatch.setattr(model_module, "moe_combine",
+                            lambda *a: calls.append(1) or real(*a))
+        monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
+        mine = moe(x)
+    assert len(calls) == 3
+    torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    moe.requires_grad_(True)
+    moe(x.requires_grad_(True)).sum().backward()
+    assert not calls
+
+
+def init_weights_of(moe: MoE) -> None:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_kernels_on_cuda(dtype):
+    y, order, weights = routed_outputs(300, 6, 5120, 384, dtype, device="cuda")
+    mine = moe_combine(y, order, weights)
+    want = oracle_combine(y.cpu(), order.cpu(), weights.cpu())
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(mine.cpu().float(), want.float(), rtol=tol, atol=tol)
+    h = torch.randn(333, 2 * 2304, device="cuda").to(dtype)
+    g, u = h.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
