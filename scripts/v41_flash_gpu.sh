@@ -38,10 +38,10 @@ case "${1:-all}" in
        run_case "piecewise/bounded/T=65536/" piecewise-64k 240 ;;
   eager) run_case "eager/bounded/T=16384/" eager-16k 100
          run_case "eager/bounded/T=65536/" eager-64k 170 ;;
-  all) run_case "eager/bounded/T=16384/" eager-16k 100
+  all) run_case "eager/bounded/T=16384/" eager-16k 90
        run_case "piecewise/bounded/T=16384/" piecewise-16k 70
-       run_case "eager/bounded/T=65536/" eager-64k 170
-       run_case "piecewise/bounded/T=65536/" piecewise-64k 150 ;;
+       run_case "eager/bounded/T=65536/" eager-64k 150
+       run_case "piecewise/bounded/T=65536/" piecewise-64k 140 ;;
 esac
 
 python3 - "$RUNS" "$OUT" <<'PY' | tee "$OUT/table.md"

@@ -7,11 +7,11 @@ tested against; ``attention_backend`` decides, in one place, which one runs.
 """
 
 from swa_bench.kernels.config import TileConfig, attention_backend, tile_config, triton_available
-from swa_bench.kernels.hyper_connection import fused_hc, hc_post, hc_pre
+from swa_bench.kernels.hyper_connection import fused_hc, hc_gains, hc_post, hc_pre
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
 from swa_bench.kernels.moe import fused_moe, moe_combine, silu_mul
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 
-__all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_post", "hc_pre",
+__all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_gains", "hc_post", "hc_pre",
            "fused_moe", "index_score_flops", "index_scores_fused", "moe_combine",
            "mqa_attention", "mqa_attention_flops", "silu_mul", "tile_config", "triton_available"]

@@ -1,4 +1,5 @@
-"""``hc_pre`` and ``hc_post``: the mHC stream sums in one pass (Triton), for up to four streams.
+"""``hc_gains``, ``hc_pre`` and ``hc_post``: the mHC gains and stream sums in one pass each
+(Triton), for up to four streams.
 
 The model calls them when ``attention_backend`` picks Triton and no gradient is wanted (they have
 no backward: training uses the PyTorch path); ``model.weighted_sum`` stays the CPU path and the
@@ -73,3 +74,24 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
         dim, HC=hc, BLOCK_D=BLOCK_D, num_warps=4)
     return tuple(ys)
+
+
+def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
+             dyn_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``dynamic(rms_norm(cat(streams)))`` as fp32 ``[T, 2 hc]`` without the concatenation (a
+    ``hc`` times wider copy of the streams) or the normed copy: one read of the streams for the
+    statistics, one for the product."""
+    from swa_bench.kernels import triton_hc
+
+    rows, dim = streams[0].shape
+    n_out = dyn_weight.shape[0]
+    out = torch.empty(rows, n_out, dtype=torch.float32, device=streams[0].device)
+    if rows == 0:
+        return out
+    dyn_weight = dyn_weight if dyn_weight.stride(-1) == 1 else dyn_weight.contiguous()
+    s = _padded(streams)
+    triton_hc.hc_gains_kernel[(rows,)](
+        *s, norm_weight, dyn_weight, out, s[0].stride(0), dyn_weight.stride(0), out.stride(0),
+        dim, eps, HC=len(streams), OUT=n_out, OUT_PAD=max(2, 1 << (n_out - 1).bit_length()),
+        BLOCK_D=BLOCK_D, num_warps=8)
+    return out

@@ -75,3 +75,64 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
         tl.store(y2 + at, _post_one(o, x0, x1, x2, x3, p, mix, 2, HC).to(dtype), mask=mask)
     if HC > 3:
         tl.store(y3 + at, _post_one(o, x0, x1, x2, x3, p, mix, 3, HC).to(dtype), mask=mask)
+
+
+@triton.jit
+def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, out, stride_s, stride_w, stride_out, D,
+                    eps, HC: tl.constexpr, OUT: tl.constexpr, OUT_PAD: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """``out[r] = dynamic(rms_norm(cat(s_j[r])))``: the norm's statistics in fp32 over the
+    ``HC`` streams (one pass), then the normed row, rounded to the streams' dtype as the norm's
+    output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]`` (fp32 sums, rounded to the
+    dtype as the linear's output is)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_D)
+    sq = tl.zeros([BLOCK_D], tl.float32)
+    c0 = 0
+    while c0 < D:  # while loops: the interpreter cannot range() over an argument
+        mask = c0 + offs < D
+        x = _load(s0, row, stride_s, c0 + offs, mask)
+        sq += x * x
+        if HC > 1:
+            x = _load(s1, row, stride_s, c0 + offs, mask)
+            sq += x * x
+        if HC > 2:
+            x = _load(s2, row, stride_s, c0 + offs, mask)
+            sq += x * x
+        if HC > 3:
+            x = _load(s3, row, stride_s, c0 + offs, mask)
+            sq += x * x
+        c0 += BLOCK_D
+    rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / (HC * D) + eps)
+    o = tl.arange(0, OUT_PAD)
+    acc = tl.zeros([OUT_PAD, BLOCK_D], tl.float32)
+    c0 = 0
+    while c0 < D:
+        acc = _gains_block(s0, 0, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w, stride_w,
+                           o, OUT, acc)
+        if HC > 1:
+            acc = _gains_block(s1, 1, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
+                               stride_w, o, OUT, acc)
+        if HC > 2:
+            acc = _gains_block(s2, 2, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
+                               stride_w, o, OUT, acc)
+        if HC > 3:
+            acc = _gains_block(s3, 3, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
+                               stride_w, o, OUT, acc)
+        c0 += BLOCK_D
+    dtype = s0.dtype.element_ty
+    gains = tl.sum(acc, 1).to(dtype).to(tl.float32)
+    tl.store(out + row * stride_out + o, gains, mask=o < OUT)
+
+
+@triton.jit
+def _gains_block(s, j: tl.constexpr, row, stride_s, cols, D, rstd, norm_w, dyn_w, stride_w, o,
+                 OUT: tl.constexpr, acc):
+    mask = cols < D
+    dtype = s.dtype.element_ty
+    x = _load(s, row, stride_s, cols, mask)
+    at = j * D + cols
+    normed = (x * rstd * tl.load(norm_w + at, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    w = tl.load(dyn_w + o[:, None] * stride_w + at[None, :],
+                mask=(o[:, None] < OUT) & mask[None, :], other=0.0).to(tl.float32)
+    return acc + w * normed.to(tl.float32)[None, :]

@@ -23,7 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swa_bench.kernels import fused_hc, fused_moe, hc_post, hc_pre, moe_combine, silu_mul
+from swa_bench.kernels import (
+    fused_hc,
+    fused_moe,
+    hc_gains,
+    hc_post,
+    hc_pre,
+    moe_combine,
+    silu_mul,
+)
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
@@ -129,9 +137,12 @@ class HyperConnection(nn.Module):
             self.res_logits = nn.Parameter(torch.zeros(hc, hc))
 
     def gains(self, streams: Streams) -> torch.Tensor:
-        """The dynamic gains ``[T, 2 hc]``, by row chunks: the normed concatenation is fp32 of
-        ``hc`` times a stream's size (5 GiB per 64K rows at V4.1-Flash's width)."""
+        """The dynamic gains ``[T, 2 hc]``: one fused kernel where ``fused_hc`` allows, else by
+        row chunks: the normed concatenation is ``hc`` times a stream's size (5 GiB per 64K
+        rows at V4.1-Flash's width)."""
         rows = streams[0].shape[0]
+        if fused_hc(streams):
+            return hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps)
         if rows <= HC_ROWS:
             return self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
         return torch.cat([

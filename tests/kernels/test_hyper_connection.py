@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swa_bench.kernels import hc_post, hc_pre
+from swa_bench.kernels import hc_gains, hc_post, hc_pre
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model, sinkhorn, weighted_sum
 
@@ -80,6 +80,65 @@ def test_model_takes_the_fused_sums_only_without_gradients(interpreter, monkeypa
     calls.clear()
     train_forward(model, tokens).logits.sum().backward()
     assert not calls
+
+
+def gains_problem(rows, dim, hc, dtype, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    streams = [torch.randn(rows, dim, generator=g, device=device).to(dtype) for _ in range(hc)]
+    norm_w = (1 + 0.1 * torch.randn(hc * dim, generator=g, device=device)).to(dtype)
+    dyn_w = (torch.randn(2 * hc, hc * dim, generator=g, device=device) / dim ** 0.5).to(dtype)
+    return streams, norm_w, dyn_w
+
+
+def oracle_gains(streams, norm_w, dyn_w, eps):
+    """float64 statistics and sums; the normed row and the result rounded to the dtype where
+    the model's norm and linear round their outputs."""
+    x = torch.cat(streams, dim=-1).double()
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    normed = (x * rstd * norm_w.double()).to(streams[0].dtype).double()
+    return (normed @ dyn_w.double().t()).to(streams[0].dtype).float()
+
+
+def assert_gains_close(mine, want, dtype):
+    # Sums of thousands of terms in another order; in bf16 the outputs round to 8 bits (and a
+    # normed element can round the other way), so one bf16 step of the result.
+    tol = 2e-5 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(mine, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("hc", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gains_match_the_norm_and_the_linear(interpreter, hc, dtype):
+    streams, norm_w, dyn_w = gains_problem(5, 1100, hc, dtype)
+    mine = hc_gains(streams, norm_w, dyn_w, 1e-6)
+    assert mine.dtype == torch.float32 and mine.shape == (5, 2 * hc)
+    assert_gains_close(mine, oracle_gains(streams, norm_w, dyn_w, 1e-6), dtype)
+
+
+def test_the_model_takes_the_fused_gains(interpreter, monkeypatch):
+    from swa_bench.model.model import HyperConnection
+
+    args = PRESETS["tiny"].replace(hc_mult=4)
+    hc = HyperConnection(args)
+    streams, _, _ = gains_problem(6, args.dim, 4, torch.float32)
+    with torch.no_grad():
+        for p in hc.parameters():
+            p.normal_()
+        want = hc.gains(streams)
+        monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
+        mine = hc.gains(streams)
+    assert_gains_close(mine, want, torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gains_on_cuda(dtype):
+    streams, norm_w, dyn_w = gains_problem(37, 5120, 4, dtype, device="cuda")
+    mine = hc_gains(streams, norm_w, dyn_w, 1e-6).cpu()
+    want = oracle_gains([s.cpu() for s in streams], norm_w.cpu(), dyn_w.cpu(), 1e-6)
+    assert_gains_close(mine, want, dtype)
+    part = hc_gains([s[5:9] for s in streams], norm_w, dyn_w, 1e-6).cpu()
+    assert torch.equal(mine[5:9], part)
 
 
 @pytest.mark.cuda
