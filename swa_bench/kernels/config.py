@@ -96,6 +96,9 @@ TILE_CANDIDATES = (
     TileConfig(32, 256, 4, 2),
     TileConfig(16, 0, 4, 1),
     TileConfig(64, 0, 8, 1),
+    TileConfig(64, 0, 8, 2),
+    TileConfig(128, 0, 8, 1),
+    TileConfig(128, 256, 8, 1),
 )
 
 
