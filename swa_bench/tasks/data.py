@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sysconfig
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -101,6 +102,12 @@ def recall_prompt(length: int, distance: int, g: torch.Generator, *, split: str 
         seq[p : p + 3] = torch.tensor([FACT, k, v])
     seq[-2:] = torch.tensor([QUERY, keys[0]])
     return Prompt(tuple(seq.tolist()), values[0], "recall", distance)
+
+
+def fact_values(tokens: Sequence[int]) -> set[int]:
+    """The values of every ``FACT key value`` written in ``tokens``: a recall answer that is one
+    of them was fetched from a fact, right or wrong key."""
+    return {tokens[i + 2] for i in range(len(tokens) - 2) if tokens[i] == FACT}
 
 
 def copy_prompt(length: int, g: torch.Generator, *, split: str = "held_out",

@@ -22,6 +22,7 @@ def card_text(cfg: TrainConfig, figures: Figures, history: list[dict], seconds: 
     graphed = (", each step replayed as one CUDA graph"
                if cfg.graph and cfg.device.startswith("cuda") else "")
     recall = " | ".join(f"{a:.2f}" for a in figures.recall.values())
+    fetched = " | ".join(f"{figures.retrieved.get(d, float('nan')):.2f}" for d in figures.recall)
     heads = " | ".join(f"d={d}" for d in figures.recall)
     warmup = ",".join(f"{n}:{k}" for n, k in cfg.length_warmup) or "none"
     phases = "".join(f"{k} steps at {n} tokens, then " for n, k in cfg.length_warmup)
@@ -50,13 +51,13 @@ associative recall (`FACT key value` far back, `QUERY key` later: needs the glob
 copying a pattern inside one window (needs the window KV), up to {cfg.max_facts} facts and as
 many queries a sequence; answer tokens weigh {data.ANSWER_WEIGHT:g}x in the loss.
 AdamW lr {cfg.lr:g} (warm-up {cfg.warmup}, cosine to a tenth), batch {cfg.batch} sequences:
-{phases}the rest at {cfg.seq_len} tokens (at 64 tokens the indexer's top-k keeps every
+{phases}the rest at {cfg.seq_len} tokens. At 64 tokens the indexer's top-k keeps every
 compressed position, so recall is learned densely and the indexer learns to find the facts
-before the top-k hides anything). The forward (`swa_bench/train/forward.py`) computes what a
-full prefill computes, sparse selection included (a test holds it to the engine). The
-indexer's top-k is not differentiable: it is trained by the KL from each index source's dense
-attention over the visible global positions to the indexer's softmax (DeepSeek's signal), its
-inputs detached. Routed experts have no load-balancing loss. mHC starts as a plain residual
+before the top-k hides anything. The forward (`swa_bench/train/forward.py`) computes what a full
+prefill computes, sparse selection included (a test holds it to the engine). The indexer's
+top-k is not differentiable: it is trained by the KL from each index source's dense attention
+over the visible global positions to the indexer's softmax (DeepSeek's signal), its inputs
+detached. Routed experts have no load-balancing loss. mHC starts as a plain residual
 (`start_as_plain_residual`: mixing {cfg.residual_init:g} x I before sinkhorn, pre gains 1/hc,
 post gains 1, dynamic gains 0); from the seeded dummy weights' random mix, CPU ablations
 learned no recall.
@@ -66,11 +67,13 @@ Loss by step: {curve}.
 **Held-out figures under a full prefill** (prompts of {cfg.seq_len} tokens,
 `swa_bench.train.loop.evaluate`): text loss **{figures.held_out_loss:.3f} nats/byte**; recall
 accuracy by distance of the fact from the last token (chance 1/64 for a value, 1/3 for a
-guess among the prompt's facts) and copy accuracy (chance 1/32):
+guess among the prompt's three facts), the share of recall answers that are some fact's value
+(right or not: the facts were found), and copy accuracy (chance 1/32):
 
-| {heads} | copy |
-| {" | ".join("---" for _ in figures.recall)} | --- |
-| {recall} | {figures.copy:.2f} |
+| | {heads} | copy |
+| --- | {" | ".join("---" for _ in figures.recall)} | --- |
+| recall | {recall} | {figures.copy:.2f} |
+| some fact's value | {fetched} | |
 """
 
 

@@ -84,11 +84,15 @@ class Figures:
     held_out_loss: float
     recall: dict[int, float] = field(default_factory=dict)  # accuracy by fact distance
     copy: float = 0.0
+    # by distance: share of recall answers that are the value of some fact in the prompt (the
+    # right one or a distractor's): 1/64 x facts when guessing values, 1 when facts are found
+    retrieved: dict[int, float] = field(default_factory=dict)
 
     def line(self) -> str:
         recall = ", ".join(f"d={d}: {a:.2f}" for d, a in self.recall.items())
+        fetched = ", ".join(f"{a:.2f}" for a in self.retrieved.values())
         return (f"held-out loss {self.held_out_loss:.3f} nats/byte, recall {recall}, "
-                f"copy {self.copy:.2f}")
+                f"copy {self.copy:.2f}, answers that are some fact's value {fetched}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -264,17 +268,24 @@ def evaluate(model: Transformer, *, prompts: int = 64, length: int = 256,
                                       reduction="none"))
     figures = Figures(held_out_loss=float(torch.cat(losses).mean()))
 
-    def accuracy(batch: list[data.Prompt]) -> float:
-        right = 0
+    def answers(batch: list[data.Prompt]) -> list[int]:
+        out = []
         for i in range(0, len(batch), 16):
-            part = batch[i : i + 16]
-            tokens = torch.tensor([p.tokens for p in part], device=device)
-            guess = train_forward(model, tokens).logits[:, -1].argmax(-1).tolist()
-            right += sum(a == p.answer for a, p in zip(guess, part, strict=True))
-        return right / len(batch)
+            tokens = torch.tensor([p.tokens for p in batch[i : i + 16]], device=device)
+            out += train_forward(model, tokens).logits[:, -1].argmax(-1).tolist()
+        return out
+
+    def share(hits) -> float:
+        hits = list(hits)
+        return sum(hits) / len(hits)
 
     for d in distances:
-        figures.recall[d] = accuracy([data.recall_prompt(length, d, g) for _ in range(prompts)])
+        batch = [data.recall_prompt(length, d, g) for _ in range(prompts)]
+        guess = answers(batch)
+        figures.recall[d] = share(a == p.answer for a, p in zip(guess, batch, strict=True))
+        figures.retrieved[d] = share(a in data.fact_values(p.tokens)
+                                     for a, p in zip(guess, batch, strict=True))
     window = model.args.window
-    figures.copy = accuracy([data.copy_prompt(length, g, window=window) for _ in range(prompts)])
+    batch = [data.copy_prompt(length, g, window=window) for _ in range(prompts)]
+    figures.copy = share(a == p.answer for a, p in zip(answers(batch), batch, strict=True))
     return figures
