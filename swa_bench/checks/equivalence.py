@@ -58,9 +58,19 @@ def check_precision() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def _caches(prefix: str, a: Engine, b: Engine, tol: Tolerance | None) -> list[Diagnostic | None]:
+def _widened(tol: Tolerance, truth: torch.Tensor, dtype: torch.dtype) -> Tolerance:
+    """``tol`` with its atol raised to the rounding envelope of ``truth`` (at least)."""
+    return Tolerance(tol.rtol, max(tol.atol, envelope_tolerance(truth, dtype).atol))
+
+
+def _caches(prefix: str, a: Engine, b: Engine, tol: Tolerance | None,
+            envelope: torch.dtype | None = None) -> list[Diagnostic | None]:
+    """Every cache tensor of ``a`` against ``b``'s; with ``envelope`` (a dtype), each within
+    ``tol`` widened to its own rounding envelope."""
     theirs = b.cache.tensors()
-    return [compare(f"{prefix}{n}", t, theirs[n], tol) for n, t in a.cache.tensors().items()]
+    return [compare(f"{prefix}{n}", t, theirs[n],
+                    _widened(tol, theirs[n], envelope) if envelope is not None else tol)
+            for n, t in a.cache.tensors().items()]
 
 
 def _differs(name: str, got, want) -> Diagnostic | None:
@@ -376,13 +386,6 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> Che
     w = model.args.window
     dtype = next(model.parameters()).dtype
 
-    def within(name: str, actual: torch.Tensor, expected: torch.Tensor) -> Diagnostic | None:
-        env = envelope_tolerance(expected, dtype)
-        return compare(name, actual, expected, Tolerance(tol.rtol, max(tol.atol, env.atol)))
-
-    def caches(prefix: str, a: Engine, b: Engine) -> list[Diagnostic | None]:
-        theirs = b.cache.tensors()
-        return [within(f"{prefix}{n}", t, theirs[n]) for n, t in a.cache.tensors().items()]
 
     length = min(max(r.prompt_len for r in workload.requests), 3 * w + 1)
     seq = list(
@@ -397,8 +400,10 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> Che
     for pos in range(length):
         req = RequestSpec(prompt_len=pos, decode=True) if pos else RequestSpec(prompt_len=1)
         rows.append(decode.reference_step([req], [[seq[pos]]], [0]).logits)
-    diags = [within("prefill_vs_decode.logits", prefill.logits, torch.cat(rows))]
-    diags += caches("prefill_vs_decode.cache.", whole, decode)
+    decoded = torch.cat(rows)
+    diags = [compare("prefill_vs_decode.logits", prefill.logits, decoded,
+                     _widened(tol, decoded, dtype))]
+    diags += _caches("prefill_vs_decode.cache.", whole, decode, tol, dtype)
     for chunk in sorted({max(1, w - 1), w, w + 1}):
         chunked = Engine(model, EngineConfig(policy="full"))
         rows = []
@@ -409,8 +414,9 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> Che
             rows.append(
                 chunked.reference_step([req], [seq[start : start + req.query_len]], [0]).logits
             )
-        diags.append(within(f"chunk{chunk}.logits", torch.cat(rows), prefill.logits))
-        diags += caches(f"chunk{chunk}.cache.", chunked, whole)
+        diags.append(compare(f"chunk{chunk}.logits", torch.cat(rows), prefill.logits,
+                             _widened(tol, prefill.logits, dtype)))
+        diags += _caches(f"chunk{chunk}.cache.", chunked, whole, tol, dtype)
     return check_result(
         "E4",
         "reference == token-by-token decode, chunked == one prefill",

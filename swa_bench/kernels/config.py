@@ -58,6 +58,19 @@ def attention_backend(device: torch.device) -> str:
     return "triton" if runnable and torch.device(device).type == "cuda" else "torch"
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """A kernel's ``tl.dot`` precision: fp32 in full precision (the oracle's); bf16/fp16 on tensor
+    cores. The interpreter (CPU) computes in exact fp32 after rounding to the input dtype as the
+    GPU does (its bf16 dot is wrong)."""
+    if interpreting():
+        return "interpret"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """One launch configuration. Fixed per process: a row's reduction order follows ``block_n``,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from swa_bench.kernels.config import attention_backend
+from swa_bench.kernels.config import attention_backend, next_pow2
 
 MAX_STREAMS = 4
 BLOCK_D = 1024
@@ -92,6 +92,6 @@ def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     s = _padded(streams)
     triton_hc.hc_gains_kernel[(rows,)](
         *s, norm_weight, dyn_weight, out, s[0].stride(0), dyn_weight.stride(0), out.stride(0),
-        dim, eps, HC=len(streams), OUT=n_out, OUT_PAD=max(2, 1 << (n_out - 1).bit_length()),
+        dim, eps, HC=len(streams), OUT=n_out, OUT_PAD=max(2, next_pow2(n_out)),
         BLOCK_D=BLOCK_D, num_warps=8)
     return out

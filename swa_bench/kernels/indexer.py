@@ -16,16 +16,10 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import interpreting
+from swa_bench.kernels.config import dot_precision, next_pow2
 
 BLOCK_M = 64  # rows a program scores; fixed, so the work (and its FLOPs) never follow the batch
 BLOCK_N = 128
-
-
-def _precision(dtype: torch.dtype) -> str:
-    if interpreting():
-        return "interpret"
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def index_score_flops(rows: int, first_pos: int, n_keys: int, ratio: int, heads: int,
@@ -55,8 +49,8 @@ def index_scores_op(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
     triton_indexer.index_scores_kernel[grid](
         q, weights, keys, out, rows, n, first_pos,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), out.stride(0),
-        RATIO=ratio, H=heads, D=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=_precision(q.dtype),
+        RATIO=ratio, H=heads, D=d, BLOCK_D=max(16, next_pow2(d)),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=dot_precision(q.dtype),
         num_warps=4, num_stages=2,
     )
     return out

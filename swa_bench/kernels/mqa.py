@@ -17,19 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import TileConfig, interpreting, tile_config
-
-
-def _precision(dtype: torch.dtype) -> str:
-    """fp32 matmuls in full precision (the oracle's); bf16/fp16 on tensor cores. The interpreter
-    (CPU) computes in exact fp32 after rounding P to the input dtype as the GPU does."""
-    if interpreting():
-        return "interpret"
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+from swa_bench.kernels.config import TileConfig, dot_precision, next_pow2, tile_config
 
 
 @torch.library.custom_op("swa_bench::mqa_attention", mutates_args=())
@@ -54,7 +42,7 @@ def mqa_attention_op(
     if t == 0:
         return out
     config = TileConfig.parse(tile)
-    block_d = _next_pow2(d)
+    block_d = next_pow2(d)
     block_dv = min(config.block_dv or block_d, block_d)
     has_b, has_c = kv_b is not None, kv_c is not None
     kv_b, idx_b = (kv_b, idx_b) if has_b else (kv_a, idx_a)
@@ -67,9 +55,9 @@ def mqa_attention_op(
         kv_a.stride(0), idx_a.stride(0), kv_b.stride(0), idx_b.stride(0), kv_c.stride(0),
         scale * triton_mqa.LOG2E,
         WIDTH_A=idx_a.shape[1], WIDTH_B=idx_b.shape[1] if has_b else 0, H=heads, D=d,
-        BLOCK_H=max(16, _next_pow2(heads)), BLOCK_D=block_d, BLOCK_DV=block_dv,
+        BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_N=config.block_n, HAS_B=has_b, HAS_C=has_c,
-        PRECISION=_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -106,15 +106,21 @@ def assert_replay_is_the_eager_step(step: TrainStep, batch, cfg: TrainConfig) ->
     assert moved > 0.9 * len(before)
 
 
-@pytest.mark.cuda
-def test_a_replayed_training_step_is_the_eager_step():
+def cuda_step(seq_len: int, *lengths: int):
+    """A graphed training step of v41-mini on CUDA (TF32 off), and five batches per length."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=64, device="cuda", max_facts=6)
+    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=seq_len, device="cuda", max_facts=6)
     g = torch.Generator().manual_seed(0)
-    batches = [data.training_batch(4, 64, cfg.args.window, g, max_facts=6) for _ in range(5)]
+    batches = [[data.training_batch(4, n, cfg.args.window, g, max_facts=6) for _ in range(5)]
+               for n in lengths]
     model, _ = build_model(cfg.args, seed=0, device="cuda")
     model.train().requires_grad_(True)
-    step = TrainStep(model, cfg)
+    return cfg, TrainStep(model, cfg), batches
+
+
+@pytest.mark.cuda
+def test_a_replayed_training_step_is_the_eager_step():
+    cfg, step, (batches,) = cuda_step(64, 64)
     for tokens, weights in batches[:4]:  # three eager warm-up steps, then the capture
         step(tokens, weights, 1e-3)
     assert_replay_is_the_eager_step(step, batches[4], cfg)
@@ -122,14 +128,7 @@ def test_a_replayed_training_step_is_the_eager_step():
 
 @pytest.mark.cuda
 def test_a_new_length_is_captured_again_and_its_replay_is_the_eager_step():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    cfg = TrainConfig(preset="v41-mini", batch=4, seq_len=128, device="cuda", max_facts=6)
-    g = torch.Generator().manual_seed(0)
-    short = [data.training_batch(4, 64, cfg.args.window, g, max_facts=6) for _ in range(5)]
-    long = [data.training_batch(4, 128, cfg.args.window, g, max_facts=6) for _ in range(5)]
-    model, _ = build_model(cfg.args, seed=0, device="cuda")
-    model.train().requires_grad_(True)
-    step = TrainStep(model, cfg)
+    cfg, step, (short, long) = cuda_step(128, 64, 128)
     for tokens, weights in short:
         step(tokens, weights, 1e-3)
     first = step.graph
