@@ -72,11 +72,13 @@ def envelope_tolerance(truth: torch.Tensor, dtype: torch.dtype) -> Tolerance:
     """The allowance for two batch compositions of one function (GEMMs of 128 and of 16K rows
     need not round alike, and the difference compounds over layers): the dtype's default rtol,
     and an atol of ``ENVELOPE_ULPS`` machine epsilons of the tensor's RMS, since an element near
-    zero carries the absolute error of its whole row. Wide enough for rounding at 16K-64K tokens,
-    far below what a wrong mask or row does (those are judged bitwise against the oracle)."""
+    zero carries the absolute error of its whole row. The RMS is that of the nonzero elements: a
+    cache's unwritten slots hold zeros, and a run that fills one slot of eight must not get an
+    allowance shrunk by sqrt(8). Wide enough for rounding at 16K-64K tokens, far below what a
+    wrong mask or row does (those are judged bitwise against the oracle)."""
     base = Tolerance.for_dtype(dtype)
     t = truth.detach().double()
-    finite = t[t.isfinite()]
+    finite = t[t.isfinite() & (t != 0)]
     rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
     return Tolerance(base.rtol, max(base.atol, ENVELOPE_ULPS * torch.finfo(dtype).eps * rms))
 
