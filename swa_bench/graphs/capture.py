@@ -89,6 +89,7 @@ class CapturedGraphs:
             [], [], [], self.model.args, self.device, pad_to=size, logit_slots=self.logit_slots,
             writes=False,
         )
+        static.metadata.derived = None  # steps overwrite its buffers: nothing derived is kept
         capture = SegmentedCapture(
             functools.partial(CudaSegment, self.pool) if self.on_cuda else TapeSegment,
             self.buffers,

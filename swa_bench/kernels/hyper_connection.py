@@ -64,16 +64,16 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
 
     rows, dim = streams[0].shape
     hc = len(streams)
-    ys = [torch.empty_like(streams[0], memory_format=torch.contiguous_format) for _ in range(hc)]
+    ys = streams[0].new_empty(hc, rows, dim).unbind(0)
     if rows == 0:
-        return tuple(ys)
+        return ys
     out = out if out.stride(-1) == 1 else out.contiguous()
     post, mix = post.float(), mix.float().contiguous()
     s, y = _padded(streams), _padded(ys)
     triton_hc.hc_post_kernel[_grid(rows, dim)](
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
         dim, HC=hc, BLOCK_D=BLOCK_D, num_warps=4)
-    return tuple(ys)
+    return ys
 
 
 def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,

@@ -9,9 +9,10 @@ Two implementations compute the same function:
   FULL graph can capture it. It costs O(rows x max_seq_len) memory: FULL graphs are for small steps.
 
 On CUDA both run one Triton kernel instead (``swa_bench.kernels.mqa_attention``, chosen by
-``attention_backend``): each row's window keys gathered, then its causal global prefix as a
-contiguous range, so the cost is O(rows x visible keys) in either path and a row's result is the
-same bits in both (FULL graph == eager). The PyTorch code stays the CPU path and the oracle.
+``attention_backend``), one launch for the step's rows: each row's window keys gathered, then its
+causal global prefix as a contiguous range, so the cost is O(rows x visible keys) in either path
+and a row's result is the same bits in both (FULL graph == eager). The PyTorch code stays the CPU
+path and the oracle.
 
 Both read the window ring before this call's writes and write the ring afterwards: a step's early
 rows need positions the step itself overwrites.
@@ -79,7 +80,13 @@ def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.
 
     Positions at or after the request's first key row come from this forward's KV, earlier ones
     from the ring (read before this call writes it); nothing below the window start is read.
+    Computed once per metadata (the step's layers share it).
     """
+    return meta.derived_tensor(("window_index", ring_rows, window),
+                               lambda: _window_index(meta, ring_rows, window))
+
+
+def _window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
     req = meta.row_request
     kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
     first = meta.kv_first_pos[req][:, None]
@@ -120,32 +127,33 @@ def layouts_causal_keys(layouts: tuple[RequestLayout, ...], ratio: int) -> int:
     return sum(causal_key_total(lay.q_first_pos, lay.q_len, ratio) for lay in layouts)
 
 
-def _kernel_varlen(q, kv, meta, cache, layer, global_kv, sink) -> torch.Tensor:
-    ring = cache.ring[layer]
-    keys = torch.cat([ring, kv])
-    win = window_index(meta, ring.shape[0], cache.args.window)
-    scale = q.shape[-1] ** -0.5
-    out = torch.zeros_like(q)
-    for lay in meta.layouts:
-        if lay.q_len == 0:
-            continue
-        rows = slice(lay.q_start, lay.q_start + lay.q_len)
-        causal = None
-        if global_kv.source is not None:
-            latent = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
-            glob = pooled(latent, global_kv.ratio)
-            if glob.shape[0] > 0:
-                count = causal_count(meta.positions[rows], global_kv.ratio).clamp_(
-                    max=glob.shape[0])
-                start = torch.zeros_like(count)
-                total = causal_key_total(lay.q_first_pos, lay.q_len, global_kv.ratio)
-                causal = (glob, start, count, total)
-        out[rows] = mqa_attention(q[rows], sink, scale, [(keys, win[rows])], causal)
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return out
+def step_global_keys(
+    meta: AttentionMetadata, cache: KVCache, global_kv: GlobalKV, static: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A source's global keys as one flat ``[N, d]`` tensor, and each query row's first key in it.
+
+    Full resolution reads the cache in place (request slot ``c`` starts at ``c * max_seq_len``).
+    Pooled keys are computed: over every request slot for a captured graph (``static``, no host
+    reads), over the step's own requests up to its longest sequence eagerly. A pooled key is
+    the same reduction of the same rows either way, so eager and FULL see equal bits."""
+    args = cache.args
+    ratio, latent = global_kv.ratio, cache.latent[global_kv.source]
+    if static or ratio == 1:
+        keys = static_pooled(latent, args, ratio)
+        base = meta.cache_index[meta.row_request] * keys.shape[1]
+        return keys.reshape(-1, keys.shape[-1]), base
+    requests = len(meta.layouts)
+    n = max((lay.seq_len for lay in meta.layouts), default=0) // ratio
+    slots = latent[: args.max_requests * args.max_seq_len].view(args.max_requests,
+                                                                 args.max_seq_len, -1)
+    rows = slots[meta.cache_index[:requests], : n * ratio]
+    keys = rows.view(requests, n, ratio, latent.shape[-1]).mean(dim=2)
+    return keys.reshape(-1, keys.shape[-1]), meta.row_request * n
 
 
-def _kernel_static(q, kv, meta, cache, layer, global_kv, sink) -> torch.Tensor:
+def _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static) -> torch.Tensor:
+    """Every row of the step in one launch: its window keys gathered, then its causal prefix
+    of the source's keys as a contiguous range (no loop over requests)."""
     args = cache.args
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
@@ -153,12 +161,10 @@ def _kernel_static(q, kv, meta, cache, layer, global_kv, sink) -> torch.Tensor:
     causal = None
     if global_kv.source is not None:
         ratio = global_kv.ratio
-        glob = static_pooled(cache.latent[global_kv.source], args, ratio)
-        req = meta.row_request
-        seen = torch.div(meta.seq_len[req] + ratio - 1, ratio, rounding_mode="floor")
+        glob, start = step_global_keys(meta, cache, global_kv, static)
+        seen = torch.div(meta.seq_len[meta.row_request] + ratio - 1, ratio, rounding_mode="floor")
         count = torch.minimum(causal_count(meta.positions, ratio), seen)
-        causal = (glob.reshape(-1, glob.shape[-1]), meta.cache_index[req] * glob.shape[1], count,
-                  layouts_causal_keys(meta.layouts, ratio))
+        causal = (glob, start, count, layouts_causal_keys(meta.layouts, ratio))
     out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
@@ -186,7 +192,7 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
     if attention_backend(q.device) == "triton":
-        return _kernel_varlen(q, kv, meta, cache, layer, global_kv, sink)
+        return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=False)
     window = cache.args.window
     scale = q.shape[-1] ** -0.5
     out = torch.zeros_like(q)
@@ -261,7 +267,7 @@ def static_attention(
 ) -> torch.Tensor:
     """The same function from device metadata alone: no host reads, static shapes (capturable)."""
     if attention_backend(q.device) == "triton":
-        return _kernel_static(q, kv, meta, cache, layer, global_kv, sink)
+        return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=True)
     args = cache.args
     window, max_seq = args.window, args.max_seq_len
     scale = q.shape[-1] ** -0.5

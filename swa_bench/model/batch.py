@@ -12,7 +12,7 @@ shape inside captured graphs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -62,6 +62,10 @@ class AttentionMetadata:
     # The one device buffer every tensor above is a view of (None when built otherwise): a step
     # moves to the device in one copy, and into a graph's static metadata in one copy.
     packed: torch.Tensor | None = None
+    # Tensors derived from the ones above, computed by the first layer that needs them and read
+    # by the rest (``derived_tensor``); a new instance (``replace``) starts empty. None: never
+    # kept, for a graph's static metadata, whose buffers each step overwrites in place.
+    derived: dict | None = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_rows(self) -> int:
@@ -71,8 +75,18 @@ class AttentionMetadata:
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if f.name not in ("layouts", "packed")
+            if f.name not in ("layouts", "packed", "derived")
         }
+
+    def derived_tensor(self, key: tuple, compute) -> torch.Tensor:
+        """``compute()``, once per metadata: every layer of a step reads the same window index.
+        Recomputed every time for static metadata (``derived`` None), so that a graph's warm-up
+        and its capture each compute it."""
+        if self.derived is None:
+            return compute()
+        if key not in self.derived:
+            self.derived[key] = compute()
+        return self.derived[key]
 
     def copy_into(self, static: AttentionMetadata) -> AttentionMetadata:
         """Copies every tensor into ``static``'s buffers (same shapes) and returns ``static`` with

@@ -336,25 +336,41 @@ def attention_op(
     return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, selection)
 
 
+GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
+
+
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """``x [M, K]`` rows sorted by group, ``w [G, N, K]``, ``ends [G]`` int32 cumulative row ends:
     row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
     exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied).
 
-    Elsewhere (fp32/fp16 on CUDA: the check models) every group's GEMM runs on every row and
-    device-side offsets select the rows: no host read of ``ends``, so a captured graph replays
-    the routing of each step (a host loop would freeze the capture's partition), and eager and
-    graph runs compute it alike. G times the arithmetic: never the timed bf16 path."""
+    Elsewhere (fp32/fp16 on CUDA: the check models) one GEMM runs every row against a chunk of
+    groups' weights at once and each row keeps its own group's columns: device-side groups, no
+    host read of ``ends``, so a captured graph replays the routing of each step (a host loop would
+    freeze the capture's partition), eager and graph runs compute it alike, and a small step
+    launches a few kernels, not a few per group. G times the arithmetic: never the timed bf16
+    path. Rows past ``ends[-1]`` come out zero."""
     cpu = x.device.type == "cpu"
     if hasattr(torch, "_grouped_mm") and (cpu or x.dtype == torch.bfloat16):
         b = w.transpose(-2, -1)
         return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
-    row = torch.arange(x.shape[0], device=x.device)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    out = x.new_zeros(x.shape[0], w.shape[1])
-    for g in range(w.shape[0]):
-        inside = ((row >= starts[g]) & (row < ends[g]))[:, None]
-        out = torch.where(inside, x @ w[g].t(), out)
+    return grouped_mm_dense(x, w, ends)
+
+
+def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm`` by dense GEMMs over chunks of groups, each row keeping its group's part."""
+    m, (g_total, n, k) = x.shape[0], w.shape
+    row = torch.arange(m, device=x.device, dtype=ends.dtype)
+    group = torch.searchsorted(ends, row, right=True)
+    per_chunk = max(1, GROUPED_FALLBACK_ELEMENTS // max(1, m * n))
+    out = None
+    for g0 in range(0, g_total, per_chunk):
+        g1 = min(g_total, g0 + per_chunk)
+        y = (x @ w[g0:g1].reshape(-1, k).t()).view(m, g1 - g0, n)
+        pick = (group - g0).clamp_(0, g1 - g0 - 1)
+        mine = y.gather(1, pick.view(m, 1, 1).expand(m, 1, n)).squeeze(1)
+        inside = ((group >= g0) & (group < g1))[:, None]
+        out = torch.where(inside, mine, 0.0 if out is None else out)
     return out
 
 

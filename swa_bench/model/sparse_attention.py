@@ -29,6 +29,7 @@ from swa_bench.model.attention import (
     score_budget,
     softmax_with_sink,
     static_pooled,
+    step_global_keys,
     window_index,
 )
 from swa_bench.model.batch import AttentionMetadata
@@ -82,18 +83,6 @@ def gathered_attention(
             o = o + torch.bmm(p.to(q.dtype), v)
         outs.append(o)
     return torch.cat(outs) if len(outs) > 1 else outs[0]
-
-
-def attend_gathered(
-    q: torch.Tensor,
-    sources: list[tuple[torch.Tensor, torch.Tensor]],
-    sink: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """``gathered_attention`` by the kernel ``attention_backend`` picks (Triton on CUDA)."""
-    if attention_backend(q.device) == "triton":
-        return mqa_attention(q, sink, scale, sources)
-    return gathered_attention(q, sources, sink, scale)
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -181,6 +170,19 @@ def select_varlen(
     return out
 
 
+def _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, static):
+    """Every row of the step in one launch: its window and its selected global keys, gathered
+    from the source's flat keys (``step_global_keys``)."""
+    ring = cache.ring[layer]
+    keys = torch.cat([ring, kv])
+    win = window_index(meta, ring.shape[0], cache.args.window)
+    glob, base = step_global_keys(meta, cache, global_kv, static)
+    idx = torch.where(selection >= 0, base[:, None] + selection, -1)
+    out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win), (glob, idx)])
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return out
+
+
 def sparse_varlen_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -191,7 +193,10 @@ def sparse_varlen_attention(
     sink: torch.Tensor,
     selection: torch.Tensor,
 ) -> torch.Tensor:
-    """The eager path: per request, its window and its selected global positions, gathered."""
+    """The eager path: each row's window and its selected global positions, gathered (per
+    request on the PyTorch path, one launch on Triton's)."""
+    if attention_backend(q.device) == "triton":
+        return _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, False)
     window = cache.args.window
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
@@ -207,7 +212,7 @@ def sparse_varlen_attention(
         sources = [(keys, win[rows])]
         if glob.shape[0] > 0:
             sources.append((glob, selection[rows]))
-        out[rows] = attend_gathered(q[rows], sources, sink, scale)
+        out[rows] = gathered_attention(q[rows], sources, sink, scale)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
 
@@ -245,16 +250,14 @@ def sparse_static_attention(
     selection: torch.Tensor,
 ) -> torch.Tensor:
     """The capturable path: no host reads, static shapes; positions map to flat pooled rows."""
+    if attention_backend(q.device) == "triton":
+        return _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, True)
     args = cache.args
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
     win = window_index(meta, ring.shape[0], args.window)
-    glob = static_pooled(cache.latent[global_kv.source], args, global_kv.ratio)
-    n = glob.shape[1]
-    base = meta.cache_index[meta.row_request][:, None] * n
-    idx = torch.where(selection >= 0, base + selection, -1)
-    out = attend_gathered(
-        q, [(keys, win), (glob.reshape(-1, glob.shape[-1]), idx)], sink, q.shape[-1] ** -0.5
-    )
+    glob, base = step_global_keys(meta, cache, global_kv, static=True)
+    idx = torch.where(selection >= 0, base[:, None] + selection, -1)
+    out = gathered_attention(q, [(keys, win), (glob, idx)], sink, q.shape[-1] ** -0.5)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out

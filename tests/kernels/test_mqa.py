@@ -156,9 +156,22 @@ def test_dense_kernel_counts_each_rows_window_and_visible_prefix(interpreter, mo
             run(fn, problem, GlobalKV(ARGS.last_kv_source), backend="triton",
                 monkeypatch=monkeypatch)
         h, d = ARGS.n_heads, ARGS.head_dim
-        real_rows = sum(lay.q_len for lay in problem.meta.layouts)
-        window_rows = real_rows if fn is varlen_attention else rows
-        assert count.get_total_flops() == 4 * h * d * (window_rows * ARGS.window + visible)
+        # One launch over every row: padded rows run their (masked) window blocks too.
+        assert count.get_total_flops() == 4 * h * d * (rows * ARGS.window + visible)
+
+
+def test_a_step_of_padded_rows_only_reads_nothing(interpreter, monkeypatch):
+    """A graph's capture runs on a step with no request: every source, both kernels, zeros."""
+    problem = attention_problem(ARGS, [], pad=4)
+    for global_kv in global_sources(ARGS):
+        for fn in (varlen_attention, static_attention):
+            out = run(fn, problem, global_kv, backend="triton", monkeypatch=monkeypatch)
+            assert torch.equal(out, torch.zeros_like(out))
+        if global_kv.source is not None:
+            none = torch.full((4, 8), -1, dtype=torch.long)
+            for fn in (sparse_varlen_attention, sparse_static_attention):
+                out = run(fn, problem, global_kv, none, backend="triton", monkeypatch=monkeypatch)
+                assert torch.equal(out, torch.zeros_like(out))
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 3, 4])
@@ -187,15 +200,22 @@ def test_tile_config_rejects_bad_text(text):
 
 
 def test_default_tile_fits_each_dtype(monkeypatch):
-    """64-key blocks only where they fit the shared memory (16-bit keys over a causal range):
-    fp32 at 64 keys asked for 272 KiB on the H200 and failed to launch."""
-    from swa_bench.kernels.config import CAUSAL_RANGE_TILE, GATHERED_TILE, _env_tile, tile_config
+    """64-key blocks only where they fit the shared memory (16-bit keys): fp32 at 64 keys asked
+    for 272 KiB on the H200 and failed to launch."""
+    from swa_bench.kernels.config import (
+        CAUSAL_RANGE_TILE,
+        FP32_TILE,
+        GATHERED_TILE,
+        _env_tile,
+        tile_config,
+    )
 
     monkeypatch.delenv("SWA_BENCH_MQA_TILE", raising=False)
     _env_tile.cache_clear()
     assert tile_config(True, torch.bfloat16) == CAUSAL_RANGE_TILE
-    assert tile_config(True, torch.float32) == GATHERED_TILE
     assert tile_config(False, torch.bfloat16) == GATHERED_TILE
+    assert tile_config(True, torch.float32) == tile_config(False, torch.float32) == FP32_TILE
+    assert FP32_TILE.block_n == 32 and FP32_TILE.num_stages == 1
 
 
 # --- compiled kernels on the GPU ----------------------------------------------------------------

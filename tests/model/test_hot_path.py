@@ -1,10 +1,12 @@
 """The hot path's rewritten pieces against direct restatements: RoPE, the mHC weighted sums, the
-cached sinkhorn mix (refreshed when the weights change)."""
+cached sinkhorn mix (refreshed when the weights change), the grouped GEMM's dense fallback."""
 
 import math
 
+import pytest
 import torch
 
+import swa_bench.model.model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import HyperConnection, apply_rope, sinkhorn, weighted_sum
 
@@ -54,3 +56,22 @@ def test_sinkhorn_mix_follows_the_weights():
         assert not torch.equal(hc.mixing(), first)
     trained = hc.mixing()  # a training forward computes it, with its gradient
     assert trained.requires_grad and trained is not hc.mixing()
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1, 0, 0, 7, 2], [0, 0, 0], [2, 2, 2, 1]])
+@pytest.mark.parametrize("chunk", [1 << 28, 30, 1])
+def test_dense_grouped_gemm_is_each_row_times_its_groups_weights(monkeypatch, counts, chunk):
+    """Empty groups, rows past the last group (zeros), groups split over chunks of any size."""
+    monkeypatch.setattr(model_module, "GROUPED_FALLBACK_ELEMENTS", chunk)
+    gen = torch.Generator().manual_seed(len(counts))
+    rows = sum(counts) + 2
+    x = torch.randn(rows, 6, dtype=torch.float64, generator=gen)
+    w = torch.randn(len(counts), 5, 6, dtype=torch.float64, generator=gen)
+    ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+    want = torch.zeros(rows, 5, dtype=torch.float64)
+    start = 0
+    for g, c in enumerate(counts):
+        for r in range(start, start + c):
+            want[r] = w[g] @ x[r]
+        start += c
+    torch.testing.assert_close(model_module.grouped_mm_dense(x, w, ends), want)
