@@ -1,14 +1,18 @@
 """Host overhead of a small eager step on the GPU: graph-modes' small mixed batch (2 prefills of
 48 + 8 decodes at context 24, fp32), reference and replay paths. Prints each path's wall time
 per step (median of 20, the device synchronised), the host time to issue it, and its kernel
-launches by kind (torch.profiler). The target: an eager step under 15 ms.
+launches by kind (torch.profiler), and where the host time goes (cProfile, by Python function, in
+``$OUT/hotpath-<preset>-<path>-cprofile.txt``). The target: an eager step under 15 ms.
 
     python3 scripts/hotpath_gpu.py [preset]
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -56,6 +60,14 @@ def main() -> None:
             hosts.append(1e3 * (time.perf_counter() - start))
             sync()
             walls.append(1e3 * (time.perf_counter() - start))
+        host = cProfile.Profile()
+        host.enable()
+        step()
+        host.disable()
+        sync()
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(40)
+        (out / f"hotpath-{preset}-{name}-cprofile.txt").write_text(text.getvalue())
         on_cuda = dev.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
         with profile(activities=activities) as prof:
