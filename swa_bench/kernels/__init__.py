@@ -1,6 +1,6 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
-the indexer's scores without its per-head intermediate, and the mHC stream sums and the routed
-experts' elementwise steps in one pass each.
+the indexer's scores without its per-head intermediate, and the mHC stream sums, the routed
+experts' elementwise steps and RoPE in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -11,7 +11,9 @@ from swa_bench.kernels.hyper_connection import fused_hc, hc_gains, hc_post, hc_p
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
 from swa_bench.kernels.moe import fused_moe, moe_combine, silu_mul
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
+from swa_bench.kernels.rope import fused_rope, rope_
 
 __all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_gains", "hc_post", "hc_pre",
            "fused_moe", "index_score_flops", "index_scores_fused", "moe_combine",
-           "mqa_attention", "mqa_attention_flops", "silu_mul", "tile_config", "triton_available"]
+           "fused_rope", "mqa_attention", "mqa_attention_flops", "rope_", "silu_mul",
+           "tile_config", "triton_available"]

@@ -77,10 +77,13 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
 
 
 def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
-             dyn_weight: torch.Tensor, eps: float) -> torch.Tensor:
+             dyn_weight: torch.Tensor, eps: float,
+             statics: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``dynamic(rms_norm(cat(streams)))`` as fp32 ``[T, 2 hc]`` without the concatenation (a
     ``hc`` times wider copy of the streams) or the normed copy: one read of the streams for the
-    statistics, one for the product."""
+    statistics, one for the product. With ``statics = (static_pre, static_post)`` the mHC gates
+    instead: ``sigmoid(gains[:, :hc] + static_pre)`` and ``2 sigmoid(gains[:, hc:] +
+    static_post)``, in the same launch."""
     from swa_bench.kernels import triton_hc
 
     rows, dim = streams[0].shape
@@ -89,9 +92,11 @@ def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     if rows == 0:
         return out
     dyn_weight = dyn_weight if dyn_weight.stride(-1) == 1 else dyn_weight.contiguous()
+    static_pre, static_post = statics if statics is not None else (out, out)
     s = _padded(streams)
     triton_hc.hc_gains_kernel[(rows,)](
-        *s, norm_weight, dyn_weight, out, s[0].stride(0), dyn_weight.stride(0), out.stride(0),
-        dim, eps, HC=len(streams), OUT=n_out, OUT_PAD=max(2, next_pow2(n_out)),
-        BLOCK_D=BLOCK_D, num_warps=8)
+        *s, norm_weight, dyn_weight, static_pre, static_post, out, s[0].stride(0),
+        dyn_weight.stride(0), out.stride(0), dim, eps, HC=len(streams), OUT=n_out,
+        OUT_PAD=max(2, next_pow2(n_out)), BLOCK_D=BLOCK_D, GATES=statics is not None,
+        num_warps=8)
     return out

@@ -78,13 +78,14 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
 
 
 @triton.jit
-def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, out, stride_s, stride_w, stride_out, D,
-                    eps, HC: tl.constexpr, OUT: tl.constexpr, OUT_PAD: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
+def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, stride_s,
+                    stride_w, stride_out, D, eps, HC: tl.constexpr, OUT: tl.constexpr,
+                    OUT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, GATES: tl.constexpr):
     """``out[r] = dynamic(rms_norm(cat(s_j[r])))``: the norm's statistics in fp32 over the
     ``HC`` streams (one pass), then the normed row, rounded to the streams' dtype as the norm's
     output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]`` (fp32 sums, rounded to the
-    dtype as the linear's output is)."""
+    dtype as the linear's output is). ``GATES``: then the mHC gates, ``sigmoid(g + static_pre)``
+    for the first ``HC`` outputs and ``2 sigmoid(g + static_post)`` for the rest, in fp32."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     sq = tl.zeros([BLOCK_D], tl.float32)
@@ -122,6 +123,13 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, out, stride_s, stride_w, stri
         c0 += BLOCK_D
     dtype = s0.dtype.element_ty
     gains = tl.sum(acc, 1).to(dtype).to(tl.float32)
+    if GATES:
+        is_pre = o < HC
+        bias = tl.where(is_pre, tl.load(static_pre + o, mask=is_pre, other=0.0).to(tl.float32),
+                        tl.load(static_post + (o - HC), mask=(o >= HC) & (o < OUT),
+                                other=0.0).to(tl.float32))
+        gate = 1.0 / (1.0 + tl.exp(-(gains + bias)))
+        gains = tl.where(is_pre, gate, 2.0 * gate)
     tl.store(out + row * stride_out + o, gains, mask=o < OUT)
 
 

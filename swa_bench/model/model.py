@@ -26,10 +26,12 @@ from torch import nn
 from swa_bench.kernels import (
     fused_hc,
     fused_moe,
+    fused_rope,
     hc_gains,
     hc_post,
     hc_pre,
     moe_combine,
+    rope_,
     silu_mul,
 )
 from swa_bench.model.args import ModelArgs
@@ -103,6 +105,8 @@ def apply_rope(
         return x
     half = rope_dim // 2
     cos_table, sin_table = rope_table(x.device, rope_dim, theta, max_len)
+    if fused_rope(x):
+        return rope_(x if inplace else x.clone(), positions, cos_table, sin_table, rope_dim)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
     cos = cos_table.index_select(0, positions).view(shape)
     sin = sin_table.index_select(0, positions).view(shape)
@@ -137,12 +141,9 @@ class HyperConnection(nn.Module):
             self.res_logits = nn.Parameter(torch.zeros(hc, hc))
 
     def gains(self, streams: Streams) -> torch.Tensor:
-        """The dynamic gains ``[T, 2 hc]``: one fused kernel where ``fused_hc`` allows, else by
-        row chunks: the normed concatenation is ``hc`` times a stream's size (5 GiB per 64K
-        rows at V4.1-Flash's width)."""
+        """The dynamic gains ``[T, 2 hc]`` by row chunks: the normed concatenation is ``hc``
+        times a stream's size (5 GiB per 64K rows at V4.1-Flash's width)."""
         rows = streams[0].shape[0]
-        if fused_hc(streams):
-            return hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps)
         if rows <= HC_ROWS:
             return self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
         return torch.cat([
@@ -153,11 +154,13 @@ class HyperConnection(nn.Module):
     def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.hc == 1:
             return streams[0], None
+        if fused_hc(streams):  # the gains and their gates in one kernel, the sum in another
+            gates = hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps,
+                             (self.static_pre, self.static_post))
+            return hc_pre(streams, gates[:, : self.hc]), gates[:, self.hc :]
         gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-        if fused_hc(streams):
-            return hc_pre(streams, pre), post
         return weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)]), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
@@ -367,10 +370,11 @@ def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> to
     for g0 in range(0, g_total, per_chunk):
         g1 = min(g_total, g0 + per_chunk)
         y = (x @ w[g0:g1].reshape(-1, k).t()).view(m, g1 - g0, n)
-        pick = (group - g0).clamp_(0, g1 - g0 - 1)
+        local = group - g0 if g0 else group
+        pick = local.clamp(0, g1 - g0 - 1)
         mine = y.gather(1, pick.view(m, 1, 1).expand(m, 1, n)).squeeze(1)
-        inside = ((group >= g0) & (group < g1))[:, None]
-        out = torch.where(inside, mine, 0.0 if out is None else out)
+        inside = (local < g1 - g0) if g0 == 0 else (group >= g0) & (group < g1)
+        out = torch.where(inside[:, None], mine, 0.0 if out is None else out)
     return out
 
 

@@ -115,7 +115,20 @@ def test_gains_match_the_norm_and_the_linear(interpreter, hc, dtype):
     assert_gains_close(mine, oracle_gains(streams, norm_w, dyn_w, 1e-6), dtype)
 
 
-def test_the_model_takes_the_fused_gains(interpreter, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gates_are_the_sigmoids_of_the_gains(interpreter, dtype):
+    """``pre = sigmoid(g + static_pre)``, ``post = 2 sigmoid(g + static_post)`` in float64 from
+    the oracle's gains (rounded as the model rounds them)."""
+    streams, norm_w, dyn_w = gains_problem(5, 1100, 4, dtype, seed=3)
+    static = torch.randn(2, 4, generator=torch.Generator().manual_seed(4)).to(dtype)
+    mine = hc_gains(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]))
+    g = oracle_gains(streams, norm_w, dyn_w, 1e-6).double()
+    want = torch.cat([torch.sigmoid(g[:, :4] + static[0].double()),
+                      2 * torch.sigmoid(g[:, 4:] + static[1].double())], dim=1)
+    assert_gains_close(mine, want.float(), dtype)
+
+
+def test_the_model_takes_the_fused_gates(interpreter, monkeypatch):
     from swa_bench.model.model import HyperConnection
 
     args = PRESETS["tiny"].replace(hc_mult=4)
@@ -124,10 +137,12 @@ def test_the_model_takes_the_fused_gains(interpreter, monkeypatch):
     with torch.no_grad():
         for p in hc.parameters():
             p.normal_()
-        want = hc.gains(streams)
+        want_x, want_post = hc.pre(streams)
         monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
-        mine = hc.gains(streams)
-    assert_gains_close(mine, want, torch.float32)
+        mine_x, mine_post = hc.pre(streams)
+    assert_gains_close(mine_post, want_post, torch.float32)
+    # Four streams of O(1) weighted by gates that agree to 2e-5: 1e-4 on the sum.
+    torch.testing.assert_close(mine_x, want_x, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.cuda
@@ -139,6 +154,12 @@ def test_gains_on_cuda(dtype):
     assert_gains_close(mine, want, dtype)
     part = hc_gains([s[5:9] for s in streams], norm_w, dyn_w, 1e-6).cpu()
     assert torch.equal(mine[5:9], part)
+    static = torch.randn(2, 4, device="cuda").to(dtype)
+    gates = hc_gains(streams, norm_w, dyn_w, 1e-6, (static[0], static[1])).cpu().double()
+    g, static = want.double(), static.cpu().double()
+    assert_gains_close(gates[:, :4].float(), torch.sigmoid(g[:, :4] + static[0]).float(), dtype)
+    assert_gains_close(gates[:, 4:].float(), (2 * torch.sigmoid(g[:, 4:] + static[1])).float(),
+                       dtype)
 
 
 @pytest.mark.cuda
