@@ -38,26 +38,7 @@ step profile 150 env OUT="$W" python3 scripts/profile_gpu.py 16384
   echo "== 1. pytest -m cuda"; tail -4 "$W/cuda-tests.log"
   echo "== 2. compare 16K eager (committed run vs this one)"; tail -15 "$W/compare-16k.log"
   echo "== 3/4. graph-modes and threshold-sweep: reference / replay median ms"
-  python3 - "$RUNS" <<'PY'
-import json, sys
-from pathlib import Path
-for name in ("graph-modes", "threshold-sweep", "eager-16k"):
-    path = Path(sys.argv[1]) / name / "results.json"
-    if not path.exists():
-        print(f"{name}: no results"); continue
-    data = json.loads(path.read_text())
-    for c in data["cases"]:
-        t = c.get("timing") or {}
-        ms = lambda p: (t.get(p) or {}).get("median_ms")  # noqa: E731
-        ref, rep = ms("reference"), ms("replay")
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        checks = "".join("." if k["passed"] else "F" for k in c.get("checks", []))
-        print(f"{name} {c['label']}: ref {fmt(ref)} replay {fmt(rep)} ms, speedup "
-              f"{fmt(c.get('speedup'))}, mfu {c.get('mfu')}, checks {checks} {c['status']}")
-    for a in data.get("threshold_advice", []):
-        print(f"{name} advice {a['graph_mode']} / {a['batch']}: trim_threshold "
-              f"{a['recommended_trim_threshold']} ({a['note']})")
-PY
+  python3 scripts/run_summary.py "$RUNS/graph-modes" "$RUNS/threshold-sweep" "$RUNS/eager-16k"
   echo "== 5. profile"; grep -E "^## |^  [a-z]" "$W/profile.log" || tail -5 "$W/profile.log"
 } > "$W/targets.txt" 2>&1
 tar czf "$OUT/targets.tgz" -C "$W" .

@@ -100,7 +100,7 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotates the last ``rope_dim`` features of ``x [T, ..., D]`` by each row's position
     (``< max_len``), in fp32. ``inplace`` writes into ``x`` (a fresh projection nobody else
-    reads): no copy of the unrotated features."""
+    reads): no copy of the unrotated features. One Triton launch where ``fused_rope`` allows."""
     if rope_dim == 0:
         return x
     half = rope_dim // 2
@@ -371,8 +371,11 @@ def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> to
         g1 = min(g_total, g0 + per_chunk)
         y = (x @ w[g0:g1].reshape(-1, k).t()).view(m, g1 - g0, n)
         local = group - g0 if g0 else group
-        pick = local.clamp(0, g1 - g0 - 1)
-        mine = y.gather(1, pick.view(m, 1, 1).expand(m, 1, n)).squeeze(1)
+        if g1 - g0 == 1:
+            mine = y[:, 0]
+        else:
+            pick = local.clamp(0, g1 - g0 - 1)
+            mine = y.gather(1, pick.view(m, 1, 1).expand(m, 1, n)).squeeze(1)
         inside = (local < g1 - g0) if g0 == 0 else (group >= g0) & (group < g1)
         out = torch.where(inside[:, None], mine, 0.0 if out is None else out)
     return out

@@ -170,15 +170,19 @@ def select_varlen(
     return out
 
 
-def _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, static):
-    """Every row of the step in one launch: its window and its selected global keys, gathered
-    from the source's flat keys (``step_global_keys``)."""
+def _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static):
+    """Every row of the step at once (one launch on Triton): its window and its selected global
+    keys, gathered from the source's flat keys (``step_global_keys``)."""
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
     win = window_index(meta, ring.shape[0], cache.args.window)
     glob, base = step_global_keys(meta, cache, global_kv, static)
-    idx = torch.where(selection >= 0, base[:, None] + selection, -1)
-    out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win), (glob, idx)])
+    sources = [(keys, win), (glob, torch.where(selection >= 0, base[:, None] + selection, -1))]
+    scale = q.shape[-1] ** -0.5
+    if attention_backend(q.device) == "triton":
+        out = mqa_attention(q, sink, scale, sources)
+    else:
+        out = gathered_attention(q, sources, sink, scale)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
 
@@ -196,7 +200,7 @@ def sparse_varlen_attention(
     """The eager path: each row's window and its selected global positions, gathered (per
     request on the PyTorch path, one launch on Triton's)."""
     if attention_backend(q.device) == "triton":
-        return _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, False)
+        return _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static=False)
     window = cache.args.window
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
@@ -250,14 +254,4 @@ def sparse_static_attention(
     selection: torch.Tensor,
 ) -> torch.Tensor:
     """The capturable path: no host reads, static shapes; positions map to flat pooled rows."""
-    if attention_backend(q.device) == "triton":
-        return _kernel_sparse(q, kv, meta, cache, layer, global_kv, sink, selection, True)
-    args = cache.args
-    ring = cache.ring[layer]
-    keys = torch.cat([ring, kv])
-    win = window_index(meta, ring.shape[0], args.window)
-    glob, base = step_global_keys(meta, cache, global_kv, static=True)
-    idx = torch.where(selection >= 0, base[:, None] + selection, -1)
-    out = gathered_attention(q, [(keys, win), (glob, idx)], sink, q.shape[-1] ** -0.5)
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return out
+    return _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static=True)

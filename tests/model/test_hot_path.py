@@ -59,9 +59,10 @@ def test_sinkhorn_mix_follows_the_weights():
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1, 0, 0, 7, 2], [0, 0, 0], [2, 2, 2, 1]])
-@pytest.mark.parametrize("chunk", [1 << 28, 30, 1])
+@pytest.mark.parametrize("chunk", [1 << 28, 300, 1])
 def test_dense_grouped_gemm_is_each_row_times_its_groups_weights(monkeypatch, counts, chunk):
-    """Empty groups, rows past the last group (zeros), groups split over chunks of any size."""
+    """Empty groups, rows past the last group (zeros); every group in one chunk, a few groups a
+    chunk (``300 // (rows x 5)``: three for the first counts), one a chunk."""
     monkeypatch.setattr(model_module, "GROUPED_FALLBACK_ELEMENTS", chunk)
     gen = torch.Generator().manual_seed(len(counts))
     rows = sum(counts) + 2
