@@ -109,3 +109,32 @@ def test_copy_into_a_static_metadata_of_the_same_shape_copies_every_tensor():
     for name, t in step.tensors().items():
         assert torch.equal(getattr(loaded, name), t), name
         assert getattr(loaded, name).data_ptr() == getattr(static, name).data_ptr(), name
+
+
+def test_derived_tensors_are_kept_per_step_and_never_for_static_metadata():
+    """A step's layers share one window index; a graph's static metadata (``derived`` None, its
+    buffers overwritten by every step) recomputes it, and each step loaded into it starts
+    empty: a value derived from one step's buffers is never read by another step."""
+    rng = random.Random(3)
+    layouts, q_rows, kv_rows = random_layouts(rng)
+    rows = max(q_rows, kv_rows) + 2
+    build = lambda lays: make_metadata(  # noqa: E731
+        lays, num_q_rows=rows, num_kv_rows=rows, args=ARGS, device=torch.device("cpu"),
+        num_request_slots=ARGS.max_requests + 1)
+    computed = []
+
+    def compute(meta):
+        computed.append(1)
+        return meta.positions.clone()
+
+    step = build(layouts)
+    first = step.derived_tensor(("k",), lambda: compute(step))
+    assert step.derived_tensor(("k",), lambda: compute(step)) is first and len(computed) == 1
+    static = build([])
+    static.derived = None
+    static.derived_tensor(("k",), lambda: compute(static))
+    static.derived_tensor(("k",), lambda: compute(static))
+    assert len(computed) == 3
+    loaded = step.copy_into(static)
+    assert loaded.derived == {}
+    assert torch.equal(loaded.derived_tensor(("k",), lambda: compute(loaded)), step.positions)
