@@ -8,7 +8,8 @@ one, so their selections see the same scores for the same inputs.
 
 A ``torch.library`` custom op with a FLOP formula: torch's counter sees the work the kernel does
 (every row of a block against the keys up to the block's last visible one), as
-``index_score_flops`` counts it.
+``index_score_flops`` counts it; outside a dispatch mode the kernel is called directly
+(``call_op``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import dot_precision, next_pow2
+from swa_bench.kernels.config import call_op, dot_precision, next_pow2
 
 BLOCK_M = 64  # rows a program scores; fixed, so the work (and its FLOPs) never follow the batch
 BLOCK_N = 128
@@ -33,9 +34,8 @@ def index_score_flops(rows: int, first_pos: int, n_keys: int, ratio: int, heads:
     return total * heads * (2 * head_dim + 2)
 
 
-@torch.library.custom_op("swa_bench::index_scores", mutates_args=())
-def index_scores_op(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
-                    first_pos: int, ratio: int) -> torch.Tensor:
+def _index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                  first_pos: int, ratio: int) -> torch.Tensor:
     from swa_bench.kernels import triton_indexer
 
     rows, heads, d = q.shape
@@ -56,6 +56,10 @@ def index_scores_op(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
     return out
 
 
+index_scores_op = torch.library.custom_op("swa_bench::index_scores", _index_scores,
+                                          mutates_args=())
+
+
 @index_scores_op.register_fake
 def _(q, weights, keys, first_pos, ratio):
     return q.new_empty(q.shape[0], keys.shape[0], dtype=torch.float32)
@@ -73,4 +77,4 @@ def index_scores_fused(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tenso
     """fp32 ``[rows, n]``: row ``i`` (at position ``first_pos + i``) against keys ``[n, d]``
     (pooled by ``ratio``): ``sum_h weights[i, h] relu(q[i, h] . k_j)`` where it sees key ``j``
     (``j < (pos + 1) // ratio``), -inf where it does not."""
-    return index_scores_op(q, weights, keys, int(first_pos), int(ratio))
+    return call_op(index_scores_op, _index_scores, q, weights, keys, int(first_pos), int(ratio))

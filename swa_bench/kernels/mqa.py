@@ -9,7 +9,8 @@ never materialised: the cost is O(T x keys visited), capturable in CUDA graphs (
 It is a ``torch.library`` custom op with a FLOP formula, so torch's FLOP counter sees the same
 matmul FLOPs as the PyTorch path's two bmms per source (4 H D per row and key). A contiguous
 source's visited keys depend on data, so the caller passes their total (``causal_keys``), known
-from host metadata.
+from host metadata. Outside a dispatch mode the kernel is called directly (``call_op``: the op's
+Python dispatch is host time).
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import TileConfig, dot_precision, next_pow2, tile_config
+from swa_bench.kernels.config import TileConfig, call_op, dot_precision, next_pow2, tile_config
 
 
-@torch.library.custom_op("swa_bench::mqa_attention", mutates_args=())
-def mqa_attention_op(
+def _mqa_attention(
     q: torch.Tensor,
     sink: torch.Tensor,
     kv_a: torch.Tensor,
@@ -63,6 +63,10 @@ def mqa_attention_op(
     return out
 
 
+mqa_attention_op = torch.library.custom_op("swa_bench::mqa_attention", _mqa_attention,
+                                           mutates_args=())
+
+
 @mqa_attention_op.register_fake
 def _(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count, scale, causal_keys, tile):
     return torch.empty_like(q)
@@ -98,6 +102,6 @@ def mqa_attention(
     (kv_a, idx_a), *rest = gathered
     kv_b, idx_b = rest[0] if rest else (None, None)
     kv_c, c_start, c_count, keys = causal if causal is not None else (None, None, None, 0)
-    return mqa_attention_op(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count,
-                            float(scale), int(keys),
-                            (tile or tile_config(causal is not None, q.dtype)).label())
+    return call_op(mqa_attention_op, _mqa_attention, q, sink, kv_a, idx_a, kv_b, idx_b, kv_c,
+                   c_start, c_count, float(scale), int(keys),
+                   (tile or tile_config(causal is not None, q.dtype)).label())

@@ -193,6 +193,19 @@ def test_backend_override_is_validated(monkeypatch):
     assert attention_backend(torch.device("cpu")) == "torch"
 
 
+def test_kernels_skip_the_custom_op_outside_a_dispatch_mode():
+    """The FLOP counter (a dispatch mode) sees the custom op and its formula; a plain call goes
+    to the kernel directly, without the op's Python dispatch."""
+    from swa_bench.kernels.config import call_op
+
+    calls = []
+    op, impl = (lambda x: calls.append("op")), (lambda x: calls.append("impl"))
+    call_op(op, impl, 1)
+    with FlopCounterMode(display=False):
+        call_op(op, impl, 1)
+    assert calls == ["impl", "op"]
+
+
 @pytest.mark.parametrize("text", ["32,0,8", "a,b,c,d", "24,0,8,1"])
 def test_tile_config_rejects_bad_text(text):
     with pytest.raises(ValueError, match="SWA_BENCH_MQA_TILE"):
