@@ -140,7 +140,9 @@ def step_global_keys(
     ratio, latent = global_kv.ratio, cache.latent[global_kv.source]
     if static or ratio == 1:
         keys = static_pooled(latent, args, ratio)
-        base = meta.cache_index[meta.row_request] * keys.shape[1]
+        per_slot = keys.shape[1]
+        base = meta.derived_tensor(("global_start", per_slot, "slot"),
+                                   lambda: meta.cache_index[meta.row_request] * per_slot)
         return keys.reshape(-1, keys.shape[-1]), base
     requests = len(meta.layouts)
     n = max((lay.seq_len for lay in meta.layouts), default=0) // ratio
@@ -148,7 +150,19 @@ def step_global_keys(
                                                                  args.max_seq_len, -1)
     rows = slots[meta.cache_index[:requests], : n * ratio]
     keys = rows.view(requests, n, ratio, latent.shape[-1]).mean(dim=2)
-    return keys.reshape(-1, keys.shape[-1]), meta.row_request * n
+    base = meta.derived_tensor(("global_start", n, "request"), lambda: meta.row_request * n)
+    return keys.reshape(-1, keys.shape[-1]), base
+
+
+def visible_global_keys(meta: AttentionMetadata, ratio: int) -> torch.Tensor:
+    """Each query row's count of visible global keys: its causal count, at most the keys its
+    request's sequence holds (padded rows: none). Once per metadata and ratio."""
+
+    def count() -> torch.Tensor:
+        seen = torch.div(meta.seq_len[meta.row_request] + ratio - 1, ratio, rounding_mode="floor")
+        return torch.minimum(causal_count(meta.positions, ratio), seen)
+
+    return meta.derived_tensor(("visible_global_keys", ratio), count)
 
 
 def _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static) -> torch.Tensor:
@@ -162,9 +176,8 @@ def _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static) -> tor
     if global_kv.source is not None:
         ratio = global_kv.ratio
         glob, start = step_global_keys(meta, cache, global_kv, static)
-        seen = torch.div(meta.seq_len[meta.row_request] + ratio - 1, ratio, rounding_mode="floor")
-        count = torch.minimum(causal_count(meta.positions, ratio), seen)
-        causal = (glob, start, count, layouts_causal_keys(meta.layouts, ratio))
+        causal = (glob, start, visible_global_keys(meta, ratio),
+                  layouts_causal_keys(meta.layouts, ratio))
     out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
