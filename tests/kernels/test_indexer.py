@@ -94,8 +94,8 @@ def test_the_sparse_model_selects_the_same_positions_through_the_kernel(interpre
     args = PRESETS["sparse-tiny"]
     model, _ = build_model(args, seed=0)
     w = args.window
-    load = StepInputs.seeded([RequestSpec(prompt_len=5 * w),
-                              RequestSpec(prompt_len=3 * w, cached_len=w + 3)], args.vocab_size, 1)
+    load = StepInputs.seeded([RequestSpec(prompt_len=3 * w),
+                              RequestSpec(prompt_len=2 * w, cached_len=w + 3)], args.vocab_size, 1)
     calls = []
     monkeypatch.setattr(sparse_attention, "index_scores_fused",
                         lambda *a: calls.append(a[0].shape) or index_scores_fused(*a))
