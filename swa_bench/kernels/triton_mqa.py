@@ -60,6 +60,23 @@ def _gathered_source(q, kv, idx_row, WIDTH: tl.constexpr, stride_kv, offs_d, off
 
 
 @triton.jit
+def _range_block(q, kv, start, n0, count, stride_kv, offs_d, offs_v, m_i, l_i, acc, scale_log2,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, SAME_DV: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    cols = n0 + tl.arange(0, BLOCK_N)
+    valid = cols < count
+    rows = (start + cols) * stride_kv
+    k = tl.load(kv + rows[:, None] + offs_d[None, :],
+                mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
+    if SAME_DV:
+        v = k
+    else:
+        v = tl.load(kv + rows[:, None] + offs_v[None, :],
+                    mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
+    return _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
+
+
+@triton.jit
 def mqa_attention_kernel(
     Q, Out, Sink,
     KVA, IDXA, KVB, IDXB, KVC, CSTART, CLEN,
@@ -70,7 +87,7 @@ def mqa_attention_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_B: tl.constexpr, HAS_C: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)  # heaviest causal rows first
     dv = tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -95,21 +112,18 @@ def mqa_attention_kernel(
     if HAS_C:
         start = tl.load(CSTART + t).to(tl.int64)
         count = tl.load(CLEN + t)
-        offs_n = tl.arange(0, BLOCK_N)
-        n0 = 0
-        while n0 < count:  # a while loop: the interpreter cannot range() over a loaded bound
-            cols = n0 + offs_n
-            valid = cols < count
-            rows = (start + cols) * stride_kvc
-            k = tl.load(KVC + rows[:, None] + offs_d[None, :],
-                        mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
-            if SAME_DV:
-                v = k
-            else:
-                v = tl.load(KVC + rows[:, None] + offs_v[None, :],
-                            mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
-            m_i, l_i, acc = _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
-            n0 += BLOCK_N
+        if PRECISION == "interpret":  # the interpreter cannot range() over a loaded bound
+            n0 = 0
+            while n0 < count:
+                m_i, l_i, acc = _range_block(q, KVC, start, n0, count, stride_kvc, offs_d, offs_v,
+                                             m_i, l_i, acc, scale_log2, D, BLOCK_N, SAME_DV,
+                                             PRECISION)
+                n0 += BLOCK_N
+        else:  # a for loop, so that Triton software-pipelines the key loads (num_stages)
+            for n0 in range(0, count, BLOCK_N):
+                m_i, l_i, acc = _range_block(q, KVC, start, n0, count, stride_kvc, offs_d, offs_v,
+                                             m_i, l_i, acc, scale_log2, D, BLOCK_N, SAME_DV,
+                                             PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(Out + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :],
