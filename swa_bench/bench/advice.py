@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scipy.stats import mannwhitneyu
+
 from swa_bench.results import CaseResult, ThresholdAdvice
+
+ALPHA = 0.05  # one-sided: replay's samples lower than the reference's
+MIN_SAMPLES = 5  # fewer samples than this on either path: the medians alone decide
 
 
 @dataclass(frozen=True)
@@ -15,10 +21,22 @@ class BreakEven:
     tokens: int
     reference_ms: float
     replay_ms: float
+    reference_samples: tuple[float, ...] = ()
+    replay_samples: tuple[float, ...] = ()
+    trims: bool = True  # the replay path ran a replay batch smaller than the step
 
     @property
     def replay_wins(self) -> bool:
-        return self.replay_ms < self.reference_ms
+        """Faster at the median and, given samples of both paths, beyond their noise (a
+        one-sided Mann-Whitney test at ``ALPHA``): a threshold drawn from a win by noise is one
+        that the next run takes back."""
+        if not self.replay_ms < self.reference_ms:
+            return False
+        if min(len(self.reference_samples), len(self.replay_samples)) < MIN_SAMPLES:
+            return True
+        p = float(mannwhitneyu(self.replay_samples, self.reference_samples,
+                               alternative="less").pvalue)
+        return not math.isnan(p) and p < ALPHA
 
 
 def recommend_trim_threshold(points: Sequence[BreakEven], *, window: int) -> int | None:
@@ -27,11 +45,15 @@ def recommend_trim_threshold(points: Sequence[BreakEven], *, window: int) -> int
     A threshold must exceed the window (nothing trims at or below W), so the answer is at least
     ``window + 1``. None when there are no points or replay loses at the largest measured count.
     Several points at one token count must all favour replay for that count to count as a win.
+    A point whose replay path trimmed nothing ran the reference's work twice: it says nothing
+    about replay and is left out.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     wins: dict[int, bool] = {}
     for point in points:
+        if not point.trims:
+            continue
         wins[point.tokens] = wins.get(point.tokens, True) and point.replay_wins
     threshold = None
     for tokens in sorted(wins, reverse=True):
@@ -50,15 +72,20 @@ def threshold_advice(cases: Sequence[CaseResult], window: int) -> list[Threshold
             continue
         if case.policy == "full" or case.graph_mode == "full":
             continue  # FULL graphs keep the decoder on the whole batch: nothing to advise
+        reference, replay = case.timing.reference, case.timing.replay
+        kept = case.deterministic.get("kept_rows", case.tokens)
         groups.setdefault((case.graph_mode, case.policy, case.batch_shape), []).append(BreakEven(
-            case.tokens, case.timing.reference.median_ms, case.timing.replay.median_ms))
+            case.tokens, reference.median_ms, replay.median_ms, tuple(reference.samples_ms),
+            tuple(replay.samples_ms), trims=kept < case.tokens))
     advice = []
     for (mode, policy, shape), points in sorted(groups.items()):
         value = recommend_trim_threshold(points, window=window)
         tokens = sorted({p.tokens for p in points})
         note = f"{policy}; measured at {tokens} tokens"
-        if value is None:
-            note += "; replay never won"
+        if not any(p.trims for p in points):
+            note += "; no step trimmed a row (nothing to advise)"
+        elif value is None:
+            note += "; replay never won beyond the noise"
         advice.append(ThresholdAdvice(graph_mode=mode, batch=shape,
                                       recommended_trim_threshold=value, note=note))
     return advice

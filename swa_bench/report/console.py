@@ -194,7 +194,7 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
         value = advice.recommended_trim_threshold
         console.print(f"recommended trim_threshold for {escape(advice.graph_mode)} / "
                       f"{escape(advice.batch)}: "
-                      f"{value if value is not None else 'none (replay never won)'} "
+                      f"{value if value is not None else 'none'} "
                       f"[dim]({escape(advice.note)})[/]", highlight=False, soft_wrap=True)
     print_failures(console, results.cases)
     verdict = results.verdict()

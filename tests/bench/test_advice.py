@@ -85,3 +85,46 @@ def test_repeated_count_needs_every_measurement_to_win():
 def test_rejects_nonpositive_window():
     with pytest.raises(ValueError):
         recommend_trim_threshold([BreakEven(512, 2.0, 1.0)], window=0)
+
+
+def _noisy(tokens: int, reference: list[float], replay: list[float], trims: bool = True):
+    return BreakEven(tokens, sorted(reference)[len(reference) // 2],
+                     sorted(replay)[len(replay) // 2], tuple(reference), tuple(replay), trims)
+
+
+def test_a_win_inside_the_noise_is_no_win():
+    """Last session's H200 run printed a threshold from 17.0 vs 17.1 ms medians whose samples
+    overlapped: the same samples, interleaved, give no win now."""
+    reference = [15.4, 16.2, 17.1, 17.9, 19.8, 16.8, 17.3, 18.0, 15.9, 17.2]
+    replay = [15.2, 16.0, 17.0, 17.8, 19.5, 16.9, 17.1, 18.1, 15.8, 17.0]
+    point = _noisy(512, reference, replay)
+    assert point.replay_ms < point.reference_ms and not point.replay_wins
+    assert recommend_trim_threshold([point], window=32) is None
+    separated = _noisy(512, reference, [r - 3.0 for r in replay])
+    assert separated.replay_wins
+    assert recommend_trim_threshold([separated], window=32) == 512
+
+
+def test_a_point_that_trimmed_nothing_is_left_out():
+    """A step no request lost rows in ran the reference path twice: its win is no evidence."""
+    won_untrimmed = BreakEven(8, 2.0, 1.0, trims=False)
+    lost = BreakEven(64, 1.0, 2.0)
+    assert recommend_trim_threshold([won_untrimmed], window=4) is None
+    assert recommend_trim_threshold([won_untrimmed, lost], window=4) is None
+    assert recommend_trim_threshold([won_untrimmed, BreakEven(64, 2.0, 1.0)], window=4) == 64
+
+
+def test_advice_per_mode_and_policy_from_a_run():
+    """From cases: replay 25% faster above 64 tokens (2% noise, 10 samples) gives 256 in every
+    group; a group whose replay steps kept every row gets no threshold and says why."""
+    from swa_bench.bench.advice import threshold_advice
+    from tests.report.synthetic import synthetic_run
+
+    cases = [c for c in synthetic_run(error=False, failing=False).cases]
+    advice = threshold_advice(cases, window=8)
+    assert {(a.graph_mode, a.recommended_trim_threshold) for a in advice} == {
+        ("eager", 256), ("piecewise", 256)}
+    for case in cases:
+        case.deterministic["kept_rows"] = case.tokens
+    for a in threshold_advice(cases, window=8):
+        assert a.recommended_trim_threshold is None and "no step trimmed" in a.note
