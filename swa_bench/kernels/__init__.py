@@ -1,6 +1,7 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
-the indexer's scores without its per-head intermediate, and the mHC stream sums, the routed
-experts' elementwise steps and RoPE in one pass each.
+the indexer's scores without its per-head intermediate, the routed experts' grouped GEMM where
+``torch._grouped_mm`` does not run, and the mHC stream sums, the routed experts' elementwise
+steps and RoPE in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -9,11 +10,11 @@ tested against; ``attention_backend`` decides, in one place, which one runs.
 from swa_bench.kernels.config import TileConfig, attention_backend, tile_config, triton_available
 from swa_bench.kernels.hyper_connection import fused_hc, hc_gains, hc_post, hc_pre
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
-from swa_bench.kernels.moe import fused_moe, moe_combine, silu_mul
+from swa_bench.kernels.moe import expert_gemm, fused_moe, moe_combine, silu_mul
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
 
-__all__ = ["TileConfig", "attention_backend", "fused_hc", "hc_gains", "hc_post", "hc_pre",
-           "fused_moe", "index_score_flops", "index_scores_fused", "moe_combine",
+__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "hc_gains", "hc_post",
+           "hc_pre", "fused_moe", "index_score_flops", "index_scores_fused", "moe_combine",
            "fused_rope", "mqa_attention", "mqa_attention_flops", "rope_", "silu_mul",
            "tile_config", "triton_available"]

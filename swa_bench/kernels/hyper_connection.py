@@ -49,7 +49,7 @@ def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor) -> torch.Tensor
     y = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
     if rows == 0:
         return y
-    gains = gains.float()
+    gains = gains if gains.dtype == torch.float32 else gains.float()
     s = _padded(streams)
     triton_hc.hc_pre_kernel[_grid(rows, dim)](
         *s, gains, y, s[0].stride(0), gains.stride(0), y.stride(0), dim,
@@ -68,7 +68,8 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
     if rows == 0:
         return ys
     out = out if out.stride(-1) == 1 else out.contiguous()
-    post, mix = post.float(), mix.float().contiguous()
+    post = post if post.dtype == torch.float32 else post.float()
+    mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else mix.float().contiguous()
     s, y = _padded(streams), _padded(ys)
     triton_hc.hc_post_kernel[_grid(rows, dim)](
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),

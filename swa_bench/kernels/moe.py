@@ -1,5 +1,7 @@
 """``silu_mul`` and ``moe_combine``: the routed experts' elementwise steps in one pass each
-(Triton), for inference on the Triton backend.
+(Triton), for inference on the Triton backend; and ``expert_gemm``, the grouped GEMM where
+``torch._grouped_mm`` does not run (fp32 on CUDA: the check models), with the gather into expert
+order, the SwiGLU and the scatter back to pair order in the same launch.
 
 ``model.MoE`` keeps the PyTorch steps as the CPU path, for training (these have no backward) and
 as the oracle. Each output row depends on its own input rows alone: batch-invariant.
@@ -9,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import attention_backend
+from swa_bench.kernels.config import attention_backend, dot_precision, next_pow2
 
 BLOCK = 1024
+GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
 
 
 def fused_moe(x: torch.Tensor) -> bool:
@@ -34,21 +37,50 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def moe_combine(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
+def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, order: torch.Tensor, *,
+                top_k: int = 0, swiglu: bool = False, scatter: bool = False) -> torch.Tensor:
+    """Each (token, expert) pair's row times its expert's ``w [G, N, K]`` (transposed), the
+    pairs sorted by expert (``order[r]``: the pair at sorted row ``r``; ``ends [G]``: int32
+    cumulative row ends). ``top_k``: row ``r``'s input is ``x[order[r] // top_k]``, else
+    ``x[r]``. ``swiglu``: ``w`` is ``[gate; up]`` and the output ``silu(gate) * up`` (``[M, N /
+    2]``). ``scatter``: row ``r`` lands at ``order[r]`` (pair order). One launch; no host read
+    of ``ends``, so a captured graph replays each step's routing."""
+    from swa_bench.kernels import triton_moe
+
+    rows, (groups, n, k) = order.numel(), w.shape
+    n = n // 2 if swiglu else n
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    y = x.new_empty(rows, n)
+    if rows:
+        grid = (-(-rows // GEMM_BLOCK_M), -(-n // GEMM_BLOCK_N))
+        triton_moe.grouped_mm_kernel[grid](
+            x, order, w, ends, y, rows, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
+            N=n, K=k, G=groups, G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu,
+            SCATTER=scatter, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
+            PRECISION=dot_precision(x.dtype), num_warps=4)
+    return y
+
+
+def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Token ``t``'s row: ``sum_j weights[t, j] * y[pos of (t, j)]`` where ``y`` holds the
-    (token, expert) pairs in ``order`` (``y[i]`` is pair ``order[i]``, pair ``t k + j``), with
-    the PyTorch path's roundings. Writes into ``out`` ``[T, dim]`` when given."""
+    (token, expert) pairs in ``order`` (``y[i]`` is pair ``order[i]``, pair ``t k + j``; None:
+    ``y`` is in pair order already), with the PyTorch path's roundings. Writes into ``out``
+    ``[T, dim]`` when given."""
     from swa_bench.kernels import triton_moe
 
     t, k = weights.shape
-    slot = torch.empty_like(order)
-    slot[order] = torch.arange(order.numel(), device=order.device)
+    slot = None
+    if order is not None:
+        slot = torch.empty_like(order)
+        slot[order] = torch.arange(order.numel(), device=order.device)
     if out is None:
         out = y.new_empty(t, y.shape[1])
     if t:
         y = y if y.stride(-1) == 1 else y.contiguous()
         triton_moe.combine_kernel[(t, -(-y.shape[1] // BLOCK))](
-            y, slot, weights, out, y.shape[1], y.stride(0), weights.stride(0), out.stride(0),
-            K=k, BLOCK=BLOCK, num_warps=4)
+            y, y if slot is None else slot, weights, out, y.shape[1], y.stride(0),
+            weights.stride(0), out.stride(0), K=k, SLOTTED=slot is not None, BLOCK=BLOCK,
+            num_warps=4)
     return out

@@ -32,16 +32,86 @@ def silu_mul_kernel(H, A, inter, stride_h, stride_a, BLOCK: tl.constexpr):
 
 @triton.jit
 def combine_kernel(Y, SLOT, W, Out, dim, stride_y, stride_w, stride_o,
-                   K: tl.constexpr, BLOCK: tl.constexpr):
+                   K: tl.constexpr, SLOTTED: tl.constexpr, BLOCK: tl.constexpr):
     """``out[t] = sum_j round(y[slot[t, j]] * round(w[t, j]))`` in fp32, rounded once: ``slot``
-    maps a token's j-th expert to its row of the expert-sorted ``y``."""
+    maps a token's j-th expert to its row of the expert-sorted ``y`` (``SLOTTED``; else ``y`` is
+    in pair order, row ``t K + j``)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < dim
     acc = tl.zeros([BLOCK], tl.float32)
     for j in range(K):
-        row = tl.load(SLOT + t * K + j).to(tl.int64)
+        if SLOTTED:
+            row = tl.load(SLOT + t * K + j).to(tl.int64)
+        else:
+            row = t * K + j
         y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0)
         w = tl.load(W + t * stride_w + j).to(y.dtype).to(tl.float32)
         acc += (y.to(tl.float32) * w).to(y.dtype).to(tl.float32)
     tl.store(Out + t * stride_o + cols, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, stride_y,
+                      N: tl.constexpr, K: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                      TOP_K: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """Row ``r`` of the expert-sorted (token, expert) pairs times its expert's ``W[g].T``.
+
+    The group of a row is the number of ``ENDS`` at or below it: a tile visits each group its
+    rows span and keeps each row's own. Rows past ``ENDS[G - 1]`` come out zero. ``TOP_K > 0``
+    reads row ``r``'s input at ``X[ORDER[r] // TOP_K]`` (the gather into expert order);
+    ``SWIGLU``: ``W[g]`` holds gate then up (``2 N`` rows) and the output is ``silu(gate) * up``
+    with ``silu_mul``'s roundings; ``SCATTER`` writes row ``r`` at ``ORDER[r]``. A row's sum runs
+    over ``K`` in ``BLOCK_K`` steps whichever rows share its tile: batch-invariant."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    pair = tl.load(ORDER + offs_m, mask=m_ok, other=0).to(tl.int64)
+    src = pair // TOP_K if TOP_K > 0 else offs_m.to(tl.int64)
+    offs_g = tl.arange(0, G_PAD)
+    ends = tl.load(ENDS + offs_g, mask=offs_g < G, other=2147483647)
+    first = tl.program_id(0) * BLOCK_M
+    last = tl.minimum(first + BLOCK_M, M) - 1
+    g = tl.sum((ends <= first).to(tl.int32), 0)
+    g_last = tl.minimum(tl.sum((ends <= last).to(tl.int32), 0), G - 1)
+    out = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    while g <= g_last:
+        start = tl.sum(tl.where(offs_g == g - 1, ends, 0), 0)
+        end = tl.sum(tl.where(offs_g == g, ends, 0), 0)
+        mine = m_ok & (offs_m >= start) & (offs_m < end)
+        w_g = W + g.to(tl.int64) * stride_wg
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + offs_k) < K
+            a = tl.load(X + src[:, None] * stride_x + (k0 + offs_k)[None, :],
+                        mask=mine[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_g + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = _dot(a, b, acc, PRECISION)
+            if SWIGLU:
+                b = tl.load(w_g + (N + offs_n)[:, None] * stride_wn + (k0 + offs_k)[None, :],
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                acc_up = _dot(a, b, acc_up, PRECISION)
+        if SWIGLU:
+            dtype = Y.dtype.element_ty
+            gate = acc.to(dtype).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            acc = silu * acc_up.to(dtype).to(tl.float32)
+        out = tl.where(mine[:, None], acc, out)
+        g += 1
+    dst = pair if SCATTER else offs_m.to(tl.int64)
+    tl.store(Y + dst[:, None] * stride_y + offs_n[None, :], out.to(Y.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """``acc + a @ b.T``; the interpreter's low-precision dot is wrong: exact fp32 there."""
+    if PRECISION == "interpret":
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.kernels import (
+    expert_gemm,
     fused_hc,
     fused_moe,
     fused_rope,
@@ -347,17 +348,24 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
     row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
     exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied).
 
-    Elsewhere (fp32/fp16 on CUDA: the check models) one GEMM runs every row against a chunk of
-    groups' weights at once and each row keeps its own group's columns: device-side groups, no
-    host read of ``ends``, so a captured graph replays the routing of each step (a host loop would
-    freeze the capture's partition), eager and graph runs compute it alike, and a small step
-    launches a few kernels, not a few per group. G times the arithmetic: never the timed bf16
+    Elsewhere (fp32/fp16 on CUDA: the check models; their inference on the Triton backend takes
+    ``expert_gemm`` instead) one GEMM runs every row against a chunk of groups' weights at once
+    and each row keeps its own group's columns: device-side groups, no host read of ``ends``, so
+    a captured graph replays the routing of each step (a host loop would freeze the capture's
+    partition), eager and graph runs compute it alike, and a small step launches a few kernels,
+    not a few per group. G times the arithmetic: never the timed bf16
     path. Rows past ``ends[-1]`` come out zero."""
     cpu = x.device.type == "cpu"
-    if hasattr(torch, "_grouped_mm") and (cpu or x.dtype == torch.bfloat16):
+    if cpu and hasattr(torch, "_grouped_mm") or native_grouped_mm(x):
         b = w.transpose(-2, -1)
         return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
     return grouped_mm_dense(x, w, ends)
+
+
+def native_grouped_mm(x: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs ``x``'s GEMMs on CUDA (bf16, sm90); elsewhere the Triton
+    backend's inference takes ``expert_gemm``, training and the PyTorch backend the fallback."""
+    return hasattr(torch, "_grouped_mm") and x.device.type == "cuda" and x.dtype == torch.bfloat16
 
 
 def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -421,7 +429,8 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights."""
-        scores = torch.sigmoid(self.gate(x).float())
+        logits = self.gate(x)
+        scores = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
         top = scores.topk(self.top_k, dim=-1)
         return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
 
@@ -432,8 +441,12 @@ class MoE(nn.Module):
         pairs = experts.flatten()
         order = torch.argsort(pairs, stable=True)
         bounds = torch.arange(1, self.n_experts + 1, device=x.device)
-        ends = torch.searchsorted(pairs[order], bounds).to(torch.int32)
+        ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w = self.experts
+        if fused_moe(x) and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
+            a = expert_gemm(x, w.w13, ends, order, top_k=k, swiglu=True)
+            return moe_combine(expert_gemm(a, w.w2, ends, order, scatter=True), None, weights,
+                               out)
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
         if fused_moe(x):
             return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swa_bench.kernels.moe import moe_combine, silu_mul
+from swa_bench.kernels.moe import expert_gemm, moe_combine, silu_mul
 from swa_bench.model import model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import MoE
@@ -98,6 +98,91 @@ def init_weights_of(moe: MoE) -> None:
     with torch.no_grad():
         for p in moe.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+
+
+def expert_problem(tokens, k, experts, dim, inter, dtype, device="cpu", seed=0, *,
+                   unrouted=()):
+    """Routed pairs sorted by expert (stable), their group ends, and expert weights; experts in
+    ``unrouted`` get no rows (an empty group)."""
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([e for e in range(experts) if e not in unrouted])
+    pairs = torch.stack([allowed[torch.randperm(len(allowed), generator=g)[:k]]
+                         for _ in range(tokens)]).flatten()
+    order = torch.argsort(pairs, stable=True)
+    ends = torch.searchsorted(pairs[order], torch.arange(1, experts + 1)).to(torch.int32)
+    x = torch.randn(tokens, dim, generator=g)
+    w13 = torch.randn(experts, 2 * inter, dim, generator=g) * dim ** -0.5
+    w2 = torch.randn(experts, dim, inter, generator=g) * inter ** -0.5
+    to = dict(device=device, dtype=dtype)
+    return (pairs.to(device), order.to(device), ends.to(device), x.to(**to), w13.to(**to),
+            w2.to(**to))
+
+
+def oracle_experts(x, pairs, order, k, w13, w2):
+    """Per sorted row, in float64: its token's input, its expert's SwiGLU (rounded where
+    ``silu_mul`` rounds), then the down projection written at the pair's index."""
+    inter, dtype = w2.shape[2], x.dtype
+    a = torch.empty(order.numel(), inter, dtype=torch.float64)
+    y = torch.empty(order.numel(), w2.shape[1], dtype=torch.float64)
+    for r, pair in enumerate(order.tolist()):
+        e = int(pairs[pair])
+        h = (x[pair // k].double() @ w13[e].double().T).to(dtype).double()
+        gate = F.silu(h[:inter]).to(dtype).double()
+        a[r] = gate * h[inter:]
+    for r, pair in enumerate(order.tolist()):
+        y[pair] = a[r].to(dtype).double() @ w2[int(pairs[pair])].double().T
+    return a, y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expert_gemm_is_the_per_pair_product(interpreter, dtype):
+    """37 tokens x top-2 over 5 experts, one of them unrouted (an empty group inside a tile),
+    K and N off the block sizes: the gathered SwiGLU GEMM and the scattered down projection."""
+    k = 2
+    pairs, order, ends, x, w13, w2 = expert_problem(37, k, 5, 96, 40, dtype, unrouted=(2,))
+    assert int(ends[2] - ends[1]) == 0
+    a = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
+    y = expert_gemm(a, w2, ends, order, scatter=True)
+    want_a, want_y = oracle_experts(x, pairs, order, k, w13, w2)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(a.double(), want_a, rtol=tol, atol=tol)
+    torch.testing.assert_close(y.double(), want_y, rtol=tol, atol=tol)
+
+
+def test_expert_gemm_rows_past_the_last_group_are_zero_and_rows_are_batch_invariant(
+        interpreter):
+    """The padded rows of a captured step sort last, past ``ends[-1]``: they come out zero. A
+    row's output is bitwise the same whichever other rows share the launch."""
+    k = 2
+    pairs, order, ends, x, w13, w2 = expert_problem(20, k, 4, 64, 32, torch.float32)
+    routed = int(ends[-1])
+    short_ends = ends.clone()
+    short_ends[-1] = ends[-2]  # the last expert's rows now lie past every group
+    a = expert_gemm(x, w13, short_ends, order, top_k=k, swiglu=True)
+    assert bool((a[int(ends[-2]):routed] == 0).all()) and bool(a[: int(ends[-2])].abs().sum() > 0)
+    full = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
+    x2 = x.clone()
+    x2[1::2] = torch.randn(x2[1::2].shape, generator=torch.Generator().manual_seed(5))
+    other = expert_gemm(x2, w13, ends, order, top_k=k, swiglu=True)
+    same = (order // k) % 2 == 0
+    assert torch.equal(full[same], other[same]) and not torch.equal(full, other)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_expert_gemm_on_cuda(dtype):
+    """The small preset's experts at a mixed step's size, and wider ones at a prefill's."""
+    for tokens, experts, dim, inter in ((104, 8, 256, 128), (700, 16, 1024, 384)):
+        k = 2
+        pairs, order, ends, x, w13, w2 = expert_problem(tokens, k, experts, dim, inter, dtype,
+                                                        "cuda")
+        a = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
+        y = expert_gemm(a, w2, ends, order, scatter=True)
+        want_a, want_y = oracle_experts(x.cpu(), pairs.cpu(), order.cpu(), k, w13.cpu(),
+                                        w2.cpu())
+        tol = {torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
+        torch.testing.assert_close(a.cpu().double(), want_a, rtol=tol, atol=tol)
+        torch.testing.assert_close(y.cpu().double(), want_y, rtol=tol, atol=tol)
 
 
 @pytest.mark.cuda
