@@ -1,10 +1,13 @@
 """Host overhead of a small eager step on the GPU: graph-modes' small mixed batch (2 prefills of
 48 + 8 decodes at context 24, fp32), reference and replay paths. Prints each path's wall time
-per step (median of 20, the device synchronised), the host time to issue it, and its kernel
-launches by kind (torch.profiler), and where the host time goes (cProfile, by Python function, in
-``$OUT/hotpath-<preset>-<path>-cprofile.txt``). The target: an eager step under 15 ms.
+per step (median of 20, the device synchronised), the host time to issue it, the device's busy
+time (the sum of its kernels' times: a step is host-bound when this is well under the wall
+time), its kernel launches by kind (torch.profiler), and where the host time goes (cProfile, by
+Python function, in ``$OUT/hotpath-<preset>-<path>-cprofile.txt``). The target: an eager step
+under 15 ms. With a prompt length, one cold prefill of that length instead of the mixed batch
+(threshold-sweep's cases: where replay's saved device time should show).
 
-    python3 scripts/hotpath_gpu.py [preset]
+    python3 scripts/hotpath_gpu.py [preset] [prompt_len]
 """
 
 from __future__ import annotations
@@ -41,11 +44,16 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     args = PRESETS[preset]
     model, _ = build_model(args, seed=0, device=dev, dtype=torch.float32)
-    requests = [RequestSpec(prompt_len=48)] * 2 + [RequestSpec(prompt_len=25, decode=True)] * 8
+    prompt_len = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    if prompt_len:
+        requests, what, tag = [RequestSpec(prompt_len=prompt_len)], "prefill", f"-{prompt_len}"
+    else:
+        requests = [RequestSpec(prompt_len=48)] * 2 + [RequestSpec(prompt_len=25, decode=True)] * 8
+        what, tag = "mixed step", ""
     inputs = StepInputs.seeded(requests, args.vocab_size, 0)
     config = EngineConfig(policy="bounded", graph_mode="eager", trim_threshold=64,
                           capture_sizes=(8, 16, 32, 64, 128, 256))
-    lines = [f"{preset} eager mixed step ({sum(r.query_len for r in requests)} tokens) on {dev}"]
+    lines = [f"{preset} eager {what} ({sum(r.query_len for r in requests)} tokens) on {dev}"]
     for name, cfg in (("reference", config.reference()), ("replay", config)):
         engine = Engine(model, cfg)
         inputs.fill_context(engine)
@@ -67,7 +75,7 @@ def main() -> None:
         sync()
         text = io.StringIO()
         pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(40)
-        (out / f"hotpath-{preset}-{name}-cprofile.txt").write_text(text.getvalue())
+        (out / f"hotpath-{preset}{tag}-{name}-cprofile.txt").write_text(text.getvalue())
         on_cuda = dev.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
         with profile(activities=activities) as prof:
@@ -81,14 +89,16 @@ def main() -> None:
         by_kind: Counter[str] = Counter()
         for e in events:
             by_kind[kind(e.key)] += e.count
-        (out / f"hotpath-{preset}-{name}.txt").write_text(
+        busy = sum(e.self_device_time_total for e in events) / 1e3 if on_cuda else float("nan")
+        (out / f"hotpath-{preset}{tag}-{name}.txt").write_text(
             prof.key_averages().table(sort_by="count", row_limit=40, max_name_column_width=90))
         lines.append(f"  {name:9s} {statistics.median(walls):7.2f} ms/step "
-                     f"(host {statistics.median(hosts):6.2f} ms), {sum(by_kind.values())} "
+                     f"(host {statistics.median(hosts):6.2f} ms, device busy {busy:6.2f} ms), "
+                     f"{sum(by_kind.values())} "
                      f"{'kernels' if on_cuda else 'aten ops'}: "
                      + ", ".join(f"{k} {n}" for k, n in by_kind.most_common()))
     text = "\n".join(lines)
-    (out / f"hotpath-{preset}.txt").write_text(text)
+    (out / f"hotpath-{preset}{tag}.txt").write_text(text)
     print(text)
 
 

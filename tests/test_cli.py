@@ -130,8 +130,9 @@ def test_shipped_scenarios_are_what_their_names_promise():
     assert all(c.trim_threshold() == 768 and c.scenario.dtype == "bfloat16" for c in v41)
     assert not v41[0].scenario.checks.e2.enabled and not v41[0].scenario.checks.e4.enabled
     threshold = expand_cases(by_name["threshold-sweep"])
-    assert len(threshold) == 10 and threshold[0].trim_threshold() == 33
-    assert threshold[0].scenario.resolved_capture_sizes()[-1] == 1024
+    assert len(threshold) == 14 and threshold[0].trim_threshold() == 33
+    assert max(c.num_tokens() for c in threshold) == 4000
+    assert threshold[0].scenario.resolved_capture_sizes()[-1] == 4096
 
 
 def test_validate_reports_every_file_then_exits_2():

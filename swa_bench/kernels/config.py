@@ -46,17 +46,25 @@ def forced(backend: str | None = None, tile: TileConfig | None = None) -> Iterat
 
 
 def attention_backend(device: torch.device) -> str:
-    """``torch`` or ``triton`` for attention on ``device``; the override must be runnable."""
-    chosen = str(_forced.get("backend") or os.environ.get("SWA_BENCH_KERNELS", "")).strip().lower()
+    """``torch`` or ``triton`` for attention on ``device``; the override must be runnable. Asked
+    by every fused step of every layer: the decision itself is cached per setting."""
+    chosen = _forced.get("backend") or os.environ.get("SWA_BENCH_KERNELS", "")
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    return _decide_backend(str(chosen), kind, interpreting())
+
+
+@functools.cache
+def _decide_backend(chosen: str, device_type: str, interpret: bool) -> str:
+    chosen = chosen.strip().lower()
     if chosen and chosen not in BACKENDS:
         raise ValueError(f"SWA_BENCH_KERNELS: must be one of {', '.join(BACKENDS)}, got {chosen!r}")
-    runnable = triton_available() and (torch.device(device).type == "cuda" or interpreting())
+    runnable = triton_available() and (device_type == "cuda" or interpret)
     if chosen == "triton" and not runnable:
         raise ValueError("SWA_BENCH_KERNELS: triton needs CUDA (or TRITON_INTERPRET=1) and the "
                          "triton package")
     if chosen:
         return chosen
-    return "triton" if runnable and torch.device(device).type == "cuda" else "torch"
+    return "triton" if runnable and device_type == "cuda" else "torch"
 
 
 def call_op(op, impl, *args):
@@ -131,12 +139,13 @@ TILE_CANDIDATES = (
 
 # The defaults measured on an H200 (torch 2.11, Triton 3.6, `swa-bench kernels --sweep`, 16K
 # tokens, bf16): attention over a causal range of keys (dense, compressed) ran fastest with
-# 64-key blocks (270 TFLOP/s dense; 273 with two stages, within the noise), gathered-only attention
-# (window, sparse top-k: 512 + 128 keys a row) with 64-key blocks in two stages (246 TFLOP/s, 56%
-# of its byte roofline, against 167 with 32-key blocks in one). fp32 keys take 32-key blocks. The
-# choice follows the layer's kind of sources and the dtype, never the batch's shape, so a row's
-# reduction order stays batch-invariant.
-CAUSAL_RANGE_TILE = TileConfig(64, 0, 8, 1)
+# 64-key blocks in two stages (324 TFLOP/s dense, against 251 in one stage: the range loop is a
+# for loop the compiler pipelines), gathered-only attention (window, sparse top-k: 512 + 128 keys
+# a row) with 64-key blocks in two stages (246 TFLOP/s, 56% of its byte roofline, against 167 with
+# 32-key blocks in one). fp32 keys take 32-key blocks. The choice follows the layer's kind of
+# sources and the dtype, never the batch's shape, so a row's reduction order stays
+# batch-invariant.
+CAUSAL_RANGE_TILE = TileConfig(64, 0, 8, 2)
 GATHERED_TILE = TileConfig(64, 0, 8, 2)
 FP32_TILE = TileConfig(32, 0, 8, 1)
 
