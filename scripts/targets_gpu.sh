@@ -39,7 +39,7 @@ step kernels 90 python3 -m swa_bench kernels -t 16384 -p dense -p sparse
 [ -n "${SWEEP:-}" ] && step kernel-sweep 150 python3 -m swa_bench kernels -t 16384 -p dense --sweep
 step cuda-tests 220 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=15
 step graph-modes 120 python3 -m swa_bench run scenarios/graph-modes.yaml --out "$RUNS/graph-modes"
-step threshold-sweep 130 python3 -m swa_bench run scenarios/threshold-sweep.yaml \
+step threshold-sweep 180 python3 -m swa_bench run scenarios/threshold-sweep.yaml \
   --out "$RUNS/threshold-sweep"
 if [ "$MODE" = all ]; then
   step flash-16k 130 python3 -m swa_bench run scenarios/v41-flash-gpu.yaml \
