@@ -39,6 +39,20 @@ def _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION: tl.const
 
 
 @triton.jit
+def _key_block(q, kv, rows, valid, offs_d, offs_v, m_i, l_i, acc, scale_log2, D: tl.constexpr,
+               SAME_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One block of keys at element offsets ``rows`` (``valid`` ones only) into the softmax."""
+    k = tl.load(kv + rows[:, None] + offs_d[None, :],
+                mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
+    if SAME_DV:
+        v = k
+    else:
+        v = tl.load(kv + rows[:, None] + offs_v[None, :],
+                    mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
+    return _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
+
+
+@triton.jit
 def _gathered_source(q, kv, idx_row, WIDTH: tl.constexpr, stride_kv, offs_d, offs_v, m_i, l_i,
                      acc, scale_log2, D: tl.constexpr, BLOCK_N: tl.constexpr, SAME_DV: tl.constexpr,
                      PRECISION: tl.constexpr):
@@ -48,14 +62,8 @@ def _gathered_source(q, kv, idx_row, WIDTH: tl.constexpr, stride_kv, offs_d, off
         idx = tl.load(idx_row + cols, mask=cols < WIDTH, other=-1)
         valid = idx >= 0
         rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kv
-        k = tl.load(kv + rows[:, None] + offs_d[None, :],
-                    mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
-        if SAME_DV:
-            v = k
-        else:
-            v = tl.load(kv + rows[:, None] + offs_v[None, :],
-                        mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
-        m_i, l_i, acc = _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
+        m_i, l_i, acc = _key_block(q, kv, rows, valid, offs_d, offs_v, m_i, l_i, acc, scale_log2,
+                                   D, SAME_DV, PRECISION)
     return m_i, l_i, acc
 
 
@@ -65,15 +73,8 @@ def _range_block(q, kv, start, n0, count, stride_kv, offs_d, offs_v, m_i, l_i, a
                  PRECISION: tl.constexpr):
     cols = n0 + tl.arange(0, BLOCK_N)
     valid = cols < count
-    rows = (start + cols) * stride_kv
-    k = tl.load(kv + rows[:, None] + offs_d[None, :],
-                mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
-    if SAME_DV:
-        v = k
-    else:
-        v = tl.load(kv + rows[:, None] + offs_v[None, :],
-                    mask=valid[:, None] & (offs_v[None, :] < D), other=0.0)
-    return _online_block(q, k, v, valid, m_i, l_i, acc, scale_log2, PRECISION)
+    return _key_block(q, kv, (start + cols) * stride_kv, valid, offs_d, offs_v, m_i, l_i, acc,
+                      scale_log2, D, SAME_DV, PRECISION)
 
 
 @triton.jit
