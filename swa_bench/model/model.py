@@ -353,10 +353,10 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
     and each row keeps its own group's columns: device-side groups, no host read of ``ends``, so
     a captured graph replays the routing of each step (a host loop would freeze the capture's
     partition), eager and graph runs compute it alike, and a small step launches a few kernels,
-    not a few per group. G times the arithmetic: never the timed bf16
-    path. Rows past ``ends[-1]`` come out zero."""
+    not a few per group. G times the arithmetic: never the timed bf16 path. Rows past
+    ``ends[-1]`` come out zero."""
     cpu = x.device.type == "cpu"
-    if cpu and hasattr(torch, "_grouped_mm") or native_grouped_mm(x):
+    if (cpu and hasattr(torch, "_grouped_mm")) or native_grouped_mm(x):
         b = w.transpose(-2, -1)
         return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
     return grouped_mm_dense(x, w, ends)
