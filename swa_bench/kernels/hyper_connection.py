@@ -41,19 +41,30 @@ def _padded(streams: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return list(streams) + [streams[0]] * (MAX_STREAMS - len(streams))
 
 
-def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor) -> torch.Tensor:
-    """``sum_j gains[:, j] * streams[j]`` in fp32, rounded once to the streams' dtype."""
+def hc_pre_folds_norm(dim: int) -> bool:
+    """Whether ``hc_pre`` can apply the sublayer's RMSNorm too: one program holds the row."""
+    return dim <= BLOCK_D
+
+
+def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor,
+           norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """``sum_j gains[:, j] * streams[j]`` in fp32, rounded once to the streams' dtype; with
+    ``norm = (weight, eps)`` (where ``hc_pre_folds_norm``) then RMS-normed in the same launch,
+    one launch a sublayer fewer on a host-bound step."""
     from swa_bench.kernels import triton_hc
 
     rows, dim = streams[0].shape
+    if norm is not None and not hc_pre_folds_norm(dim):
+        raise ValueError(f"hc_pre folds the norm for rows of at most {BLOCK_D}, got {dim}")
     y = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
     if rows == 0:
         return y
     gains = gains if gains.dtype == torch.float32 else gains.float()
     s = _padded(streams)
+    norm_w, eps = norm if norm is not None else (gains, 0.0)
     triton_hc.hc_pre_kernel[_grid(rows, dim)](
-        *s, gains, y, s[0].stride(0), gains.stride(0), y.stride(0), dim,
-        HC=len(streams), BLOCK_D=BLOCK_D, num_warps=4)
+        *s, gains, y, norm_w, s[0].stride(0), gains.stride(0), y.stride(0), dim, eps,
+        HC=len(streams), BLOCK_D=BLOCK_D, NORM=norm is not None, num_warps=4)
     return y
 
 

@@ -21,9 +21,11 @@ def _load(ptr, row, stride, cols, mask):
 
 
 @triton.jit
-def hc_pre_kernel(s0, s1, s2, s3, gains, y, stride_s, stride_g, stride_y, D,
-                  HC: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``y[r] = sum_j gains[r, j] * s_j[r]`` (``gains`` fp32 ``[T, >= HC]``)."""
+def hc_pre_kernel(s0, s1, s2, s3, gains, y, norm_w, stride_s, stride_g, stride_y, D, eps,
+                  HC: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+    """``y[r] = sum_j gains[r, j] * s_j[r]`` (``gains`` fp32 ``[T, >= HC]``). ``NORM`` (one
+    program holds the whole row): ``y`` rounded, then RMS-normed with ``norm_w`` in fp32 and
+    rounded again, as the sublayer's ``RMSNorm`` after the sum."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -35,6 +37,10 @@ def hc_pre_kernel(s0, s1, s2, s3, gains, y, stride_s, stride_g, stride_y, D,
         acc += _load(s2, row, stride_s, cols, mask) * tl.load(g + 2)
     if HC > 3:
         acc += _load(s3, row, stride_s, cols, mask) * tl.load(g + 3)
+    if NORM:
+        x = acc.to(y.dtype.element_ty).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps)
+        acc = x * rstd * tl.load(norm_w + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y + row * stride_y + cols, acc.to(y.dtype.element_ty), mask=mask)
 
 

@@ -31,6 +31,7 @@ from swa_bench.kernels import (
     hc_gains,
     hc_post,
     hc_pre,
+    hc_pre_folds_norm,
     moe_combine,
     rope_,
     silu_mul,
@@ -152,17 +153,24 @@ class HyperConnection(nn.Module):
             for r in range(0, rows, HC_ROWS)
         ]).float()
 
-    def pre(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pre(self, streams: Streams, norm: RMSNorm | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sublayer's input, normed by ``norm`` when given, and the ``post`` gains."""
         if self.hc == 1:
-            return streams[0], None
+            return (streams[0] if norm is None else norm(streams[0])), None
         if fused_hc(streams):  # the gains and their gates in one kernel, the sum in another
             gates = hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps,
                              (self.static_pre, self.static_post))
-            return hc_pre(streams, gates[:, : self.hc]), gates[:, self.hc :]
-        gains = self.gains(streams)
-        pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
-        post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-        return weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)]), post
+            pre, post = gates[:, : self.hc], gates[:, self.hc :]
+            if norm is not None and hc_pre_folds_norm(streams[0].shape[1]):
+                return hc_pre(streams, pre, (norm.weight, norm.eps)), post
+            x = hc_pre(streams, pre)
+        else:
+            gains = self.gains(streams)
+            pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
+            post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
+            x = weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)])
+        return (x if norm is None else norm(x)), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
         if self.hc == 1:
@@ -486,13 +494,12 @@ class Block(nn.Module):
         self.moe = MoE(args, experts)
 
     def forward(self, streams: Streams) -> Streams:
-        x, post = self.attn_hc.pre(streams)
-        return self.finish(streams, self.attn_norm(x), post)
+        x, post = self.attn_hc.pre(streams, self.attn_norm)
+        return self.finish(streams, x, post)
 
     def write_batch_kv(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer S's part that runs on every row: its attention input and its KV for every row."""
-        x, post = self.attn_hc.pre(streams)
-        x = self.attn_norm(x)
+        x, post = self.attn_hc.pre(streams, self.attn_norm)
         return x, post, self.attn.project_kv(x)
 
     def finish(
@@ -503,8 +510,8 @@ class Block(nn.Module):
         kv: torch.Tensor | None = None,
     ) -> Streams:
         streams = self.attn_hc.post(streams, self.attn(x, kv), post)
-        h, post = self.ffn_hc.pre(streams)
-        return self.ffn_hc.post(streams, self.moe(self.ffn_norm(h)), post)
+        h, post = self.ffn_hc.pre(streams, self.ffn_norm)
+        return self.ffn_hc.post(streams, self.moe(h), post)
 
 
 class Transformer(nn.Module):

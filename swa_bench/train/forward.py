@@ -90,8 +90,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
     kls = []
     for block in model.layers:
         attn = block.attn
-        h, post = block.attn_hc.pre(streams)
-        h = block.attn_norm(h)
+        h, post = block.attn_hc.pre(streams, block.attn_norm)
         q_latent = attn.q_norm(attn.wq_a(h))
         q = attn.project_q(q_latent, positions).view(b, t, attn.n_heads, attn.head_dim)
         latent = attn.kv_norm(attn.wkv(h))
@@ -138,8 +137,8 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         o = o.reshape(b * t, args.o_groups, attn.wo_a.shape[1])
         o = attn.wo_b(torch.einsum("tgi,gir->tgr", o, attn.wo_a).flatten(1))
         streams = block.attn_hc.post(streams, o, post)
-        f, post = block.ffn_hc.pre(streams)
-        streams = block.ffn_hc.post(streams, dense_moe(block.moe, block.ffn_norm(f)), post)
+        f, post = block.ffn_hc.pre(streams, block.ffn_norm)
+        streams = block.ffn_hc.post(streams, dense_moe(block.moe, f), post)
     picked = torch.stack(streams, dim=1)
     weights = torch.softmax(model.head_hc.float(), dim=0)
     last = (picked.float() * weights[None, :, None]).sum(dim=1).to(picked.dtype)

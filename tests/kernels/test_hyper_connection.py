@@ -172,3 +172,26 @@ def test_sums_on_cuda(dtype):
         close(mine, theirs, dtype)
     empty = [s[:0] for s in streams]
     assert hc_pre(empty, pre[:0]).shape == (0, 5120)
+    streams, _, pre, _, _ = problem(300, 1024, 4, dtype, device="cuda")  # the norm folded
+    weight = torch.rand(1024, device="cuda").add(0.5).to(dtype)
+    want = torch.nn.functional.rms_norm(oracle_pre(streams, pre), (1024,), weight, 1e-6)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}[dtype]  # two roundings
+    torch.testing.assert_close(hc_pre(streams, pre, (weight, 1e-6)).float(), want.float(),
+                               rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pre_folds_the_sublayers_norm(interpreter, dtype):
+    """``hc_pre`` with the norm is the sum, rounded, then ``F.rms_norm`` (the model's RMSNorm):
+    two roundings apart at most (the sum's and the norm's: the interpreter rounds to bf16 by
+    truncation, torch to nearest); a row wider than one program is refused, not normed by
+    halves."""
+    streams, _, pre, _, _ = problem(13, 200, 4, dtype)
+    weight = (torch.rand(200, generator=torch.Generator().manual_seed(3)) + 0.5).to(dtype)
+    want = torch.nn.functional.rms_norm(oracle_pre(streams, pre), (200,), weight, 1e-6)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}[dtype]
+    torch.testing.assert_close(hc_pre(streams, pre, (weight, 1e-6)).float(), want.float(),
+                               rtol=tol, atol=tol)
+    wide, _, pre_wide, _, _ = problem(2, 2048, 2, dtype)
+    with pytest.raises(ValueError, match="at most"):
+        hc_pre(wide, pre_wide, (torch.ones(2048, dtype=dtype), 1e-6))
