@@ -67,6 +67,14 @@ def _decide_backend(chosen: str, device_type: str, interpret: bool) -> str:
     return "triton" if runnable and device_type == "cuda" else "torch"
 
 
+def inference_kernels(*tensors: torch.Tensor) -> bool:
+    """Whether the fused inference kernels (they have no backward) take these tensors: the Triton
+    backend is chosen for the first one's device and no gradient is wanted through any. The one
+    decision behind ``fused_hc``, ``fused_moe`` and ``fused_rope``."""
+    return attention_backend(tensors[0].device) == "triton" and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 def call_op(op, impl, *args):
     """``op(*args)``, the kernel's custom op, when a dispatch mode is on (torch's FLOP counter:
     it sees the op and its formula), else ``impl(*args)`` directly: a custom op's Python

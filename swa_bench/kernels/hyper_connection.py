@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from swa_bench.kernels.config import attention_backend, next_pow2
+from swa_bench.kernels.config import inference_kernels, next_pow2
 
 MAX_STREAMS = 4
 BLOCK_D = 1024
@@ -24,10 +24,8 @@ def fused_hc(streams: Sequence[torch.Tensor], out: torch.Tensor | None = None) -
     backend is chosen for their device, no gradient is wanted, and the kernels take them (at
     most four 2-D streams; every tensor with unit column stride, one row stride, one dtype)."""
     first = streams[0]
-    if attention_backend(first.device) != "triton" or len(streams) > MAX_STREAMS:
-        return False
     every = (*streams, out) if out is not None else tuple(streams)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in every):
+    if len(streams) > MAX_STREAMS or not inference_kernels(*every):
         return False
     return first.dim() == 2 and first.stride(1) == 1 and all(
         t.stride() == first.stride() and t.dtype == first.dtype for t in every)

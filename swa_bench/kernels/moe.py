@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import attention_backend, dot_precision, next_pow2
+from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
 
 BLOCK = 1024
 GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
@@ -20,8 +20,7 @@ GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
 def fused_moe(x: torch.Tensor) -> bool:
     """Whether the experts' elementwise steps on ``x`` run here: the Triton backend is chosen for
     its device and no gradient is wanted."""
-    return attention_backend(x.device) == "triton" and not (
-        torch.is_grad_enabled() and x.requires_grad)
+    return inference_kernels(x)
 
 
 def silu_mul(h: torch.Tensor) -> torch.Tensor:

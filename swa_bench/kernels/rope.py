@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import attention_backend, next_pow2
+from swa_bench.kernels.config import inference_kernels, next_pow2
 
 
 def fused_rope(x: torch.Tensor) -> bool:
     """Whether ``x``'s rotation runs here: the Triton backend is chosen for its device, no
     gradient is wanted, and its features are contiguous (``[T, D]`` or ``[T, H, D]``)."""
-    return (attention_backend(x.device) == "triton" and x.dim() in (2, 3)
-            and x.stride(-1) == 1 and not (torch.is_grad_enabled() and x.requires_grad))
+    return x.dim() in (2, 3) and x.stride(-1) == 1 and inference_kernels(x)
 
 
 def rope_(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,

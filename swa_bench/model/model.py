@@ -442,8 +442,10 @@ class MoE(nn.Module):
         top = scores.topk(self.top_k, dim=-1)
         return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
 
-    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The routed experts' sum for each row of ``x``, written into ``out`` when given."""
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False
+               ) -> torch.Tensor:
+        """The routed experts' sum for each row of ``x``, written into ``out`` when given;
+        ``fused``: on the inference kernels (``fused_moe``, decided once per forward)."""
         t, k = x.shape[0], self.top_k
         experts, weights = self.route(x)
         pairs = experts.flatten()
@@ -451,12 +453,12 @@ class MoE(nn.Module):
         bounds = torch.arange(1, self.n_experts + 1, device=x.device)
         ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w = self.experts
-        if fused_moe(x) and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
+        if fused and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
             a = expert_gemm(x, w.w13, ends, order, top_k=k, swiglu=True)
             return moe_combine(expert_gemm(a, w.w2, ends, order, scatter=True), None, weights,
                                out)
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
-        if fused_moe(x):
+        if fused:
             return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out)
         g, u = h.chunk(2, dim=-1)
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
@@ -466,15 +468,16 @@ class MoE(nn.Module):
         return summed.to(x.dtype) if out is None else out.copy_(summed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_moe(x)
         if x.shape[0] <= MOE_ROWS:
-            out = self.routed(x)
+            out = self.routed(x, fused=fused)
         else:
             out = x.new_empty(x.shape)
             for r in range(0, x.shape[0], MOE_ROWS):
-                self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS])
+                self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS], fused)
         if self.shared_w13 is not None:
             h = self.shared_w13(x)
-            if fused_moe(x):
+            if fused:
                 return out + self.shared_w2(silu_mul(h))
             s1, s3 = h.chunk(2, dim=-1)
             out = out + self.shared_w2(F.silu(s1) * s3)
