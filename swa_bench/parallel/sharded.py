@@ -73,9 +73,11 @@ class ExpertParallelMoE(MoE):
         self.first_expert = (rank % layout.ep) * self.n_local if layout.ep > 1 else 0
         self.group = group
 
-    def routed(self, x: torch.Tensor) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False
+               ) -> torch.Tensor:
         """``MoE.routed`` over this rank's experts: pairs routed elsewhere sort last, outside every
-        group of the grouped GEMM, and contribute zero."""
+        group of the grouped GEMM, and contribute zero. Always the PyTorch steps (``fused`` is
+        not taken: the fused combine has no mask for other ranks' pairs)."""
         t, k = x.shape[0], self.top_k
         experts, weights = self.route(x)
         local = experts.flatten() - self.first_expert
@@ -90,7 +92,8 @@ class ExpertParallelMoE(MoE):
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
         y = torch.where(mine[order][:, None], y * weights.flatten()[order].to(y.dtype)[:, None], 0)
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        return y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
+        return summed.to(x.dtype) if out is None else out.copy_(summed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(super().forward(x), self.group)
