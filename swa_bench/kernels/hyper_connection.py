@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
-from swa_bench.kernels.config import inference_kernels, next_pow2
+from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
 
 MAX_STREAMS = 4
 BLOCK_D = 1024
+GAINS_BLOCK_R, GAINS_BLOCK_D = 16, 256  # rows a gains program owns; columns a step
 
 
 def fused_hc(streams: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> bool:
@@ -104,9 +105,10 @@ def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     dyn_weight = dyn_weight if dyn_weight.stride(-1) == 1 else dyn_weight.contiguous()
     static_pre, static_post = statics if statics is not None else (out, out)
     s = _padded(streams)
-    triton_hc.hc_gains_kernel[(rows,)](
-        *s, norm_weight, dyn_weight, static_pre, static_post, out, s[0].stride(0),
-        dyn_weight.stride(0), out.stride(0), dim, eps, HC=len(streams), OUT=n_out,
-        OUT_PAD=max(2, next_pow2(n_out)), BLOCK_D=BLOCK_D, GATES=statics is not None,
-        num_warps=8)
+    triton_hc.hc_gains_kernel[(-(-rows // GAINS_BLOCK_R),)](
+        *s, norm_weight, dyn_weight, static_pre, static_post, out, rows, s[0].stride(0),
+        dyn_weight.stride(0), out.stride(0), eps, D=dim, HC=len(streams), OUT=n_out,
+        OUT_PAD=max(16, next_pow2(n_out)), BLOCK_R=GAINS_BLOCK_R, BLOCK_D=GAINS_BLOCK_D,
+        GATES=statics is not None, PRECISION=dot_precision(streams[0].dtype), num_warps=4,
+        num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory
     return out

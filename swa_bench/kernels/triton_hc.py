@@ -84,69 +84,84 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
 
 
 @triton.jit
-def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, stride_s,
-                    stride_w, stride_out, D, eps, HC: tl.constexpr, OUT: tl.constexpr,
-                    OUT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, GATES: tl.constexpr):
-    """``out[r] = dynamic(rms_norm(cat(s_j[r])))``: the norm's statistics in fp32 over the
-    ``HC`` streams (one pass), then the normed row, rounded to the streams' dtype as the norm's
-    output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]`` (fp32 sums, rounded to the
-    dtype as the linear's output is). ``GATES``: then the mHC gates, ``sigmoid(g + static_pre)``
-    for the first ``HC`` outputs and ``2 sigmoid(g + static_post)`` for the rest, in fp32."""
-    row = tl.program_id(0).to(tl.int64)
+def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, rows, stride_s,
+                    stride_w, stride_out, eps, D: tl.constexpr, HC: tl.constexpr,
+                    OUT: tl.constexpr, OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_D: tl.constexpr, GATES: tl.constexpr, PRECISION: tl.constexpr):
+    """``out[r] = dynamic(rms_norm(cat(s_j[r])))`` for a block of ``BLOCK_R`` rows: the norm's
+    statistics in fp32 over the ``HC`` streams (one pass), then the normed rows, rounded to the
+    streams' dtype as the norm's output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]``
+    (a matrix product, fp32 sums, rounded to the dtype as the linear's output is). ``GATES``:
+    then the mHC gates, ``sigmoid(g + static_pre)`` for the first ``HC`` outputs and ``2
+    sigmoid(g + static_post)`` for the rest, in fp32.
+
+    A block of rows shares each load of ``norm_w`` and ``dyn_w`` (a program per row read them
+    once a row: at V4.1-Flash's width 360 KB, the kernel ran at a fifth of the streams' byte
+    roofline). A row's sums run over the columns in ``BLOCK_D`` steps whichever rows share its
+    block: batch-invariant."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < rows
+    base = r.to(tl.int64) * stride_s
     offs = tl.arange(0, BLOCK_D)
-    sq = tl.zeros([BLOCK_D], tl.float32)
-    c0 = 0
-    while c0 < D:  # while loops: the interpreter cannot range() over an argument
-        mask = c0 + offs < D
-        x = _load(s0, row, stride_s, c0 + offs, mask)
+    sq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for c0 in range(0, D, BLOCK_D):
+        mask = r_ok[:, None] & (c0 + offs < D)[None, :]
+        x = _tile(s0, base, c0 + offs, mask)
         sq += x * x
         if HC > 1:
-            x = _load(s1, row, stride_s, c0 + offs, mask)
+            x = _tile(s1, base, c0 + offs, mask)
             sq += x * x
         if HC > 2:
-            x = _load(s2, row, stride_s, c0 + offs, mask)
+            x = _tile(s2, base, c0 + offs, mask)
             sq += x * x
         if HC > 3:
-            x = _load(s3, row, stride_s, c0 + offs, mask)
+            x = _tile(s3, base, c0 + offs, mask)
             sq += x * x
-        c0 += BLOCK_D
-    rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / (HC * D) + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(sq, 1) / (HC * D) + eps)
     o = tl.arange(0, OUT_PAD)
-    acc = tl.zeros([OUT_PAD, BLOCK_D], tl.float32)
-    c0 = 0
-    while c0 < D:
-        acc = _gains_block(s0, 0, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w, stride_w,
-                           o, OUT, acc)
+    acc = tl.zeros([BLOCK_R, OUT_PAD], tl.float32)
+    for c0 in range(0, D, BLOCK_D):
+        acc = _gains_block(s0, 0, base, r_ok, c0 + offs, D, rstd, norm_w, dyn_w, stride_w, o,
+                           OUT, acc, PRECISION)
         if HC > 1:
-            acc = _gains_block(s1, 1, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
-                               stride_w, o, OUT, acc)
+            acc = _gains_block(s1, 1, base, r_ok, c0 + offs, D, rstd, norm_w, dyn_w, stride_w,
+                               o, OUT, acc, PRECISION)
         if HC > 2:
-            acc = _gains_block(s2, 2, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
-                               stride_w, o, OUT, acc)
+            acc = _gains_block(s2, 2, base, r_ok, c0 + offs, D, rstd, norm_w, dyn_w, stride_w,
+                               o, OUT, acc, PRECISION)
         if HC > 3:
-            acc = _gains_block(s3, 3, row, stride_s, c0 + offs, D, rstd, norm_w, dyn_w,
-                               stride_w, o, OUT, acc)
-        c0 += BLOCK_D
+            acc = _gains_block(s3, 3, base, r_ok, c0 + offs, D, rstd, norm_w, dyn_w, stride_w,
+                               o, OUT, acc, PRECISION)
     dtype = s0.dtype.element_ty
-    gains = tl.sum(acc, 1).to(dtype).to(tl.float32)
+    gains = acc.to(dtype).to(tl.float32)
     if GATES:
         is_pre = o < HC
         bias = tl.where(is_pre, tl.load(static_pre + o, mask=is_pre, other=0.0).to(tl.float32),
                         tl.load(static_post + (o - HC), mask=(o >= HC) & (o < OUT),
                                 other=0.0).to(tl.float32))
-        gate = 1.0 / (1.0 + tl.exp(-(gains + bias)))
-        gains = tl.where(is_pre, gate, 2.0 * gate)
-    tl.store(out + row * stride_out + o, gains, mask=o < OUT)
+        gate = 1.0 / (1.0 + tl.exp(-(gains + bias[None, :])))
+        gains = tl.where(is_pre[None, :], gate, 2.0 * gate)
+    tl.store(out + r.to(tl.int64)[:, None] * stride_out + o[None, :], gains,
+             mask=r_ok[:, None] & (o < OUT)[None, :])
 
 
 @triton.jit
-def _gains_block(s, j: tl.constexpr, row, stride_s, cols, D, rstd, norm_w, dyn_w, stride_w, o,
-                 OUT: tl.constexpr, acc):
-    mask = cols < D
+def _tile(s, base, cols, mask):
+    return tl.load(s + base[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gains_block(s, j: tl.constexpr, base, r_ok, cols, D, rstd, norm_w, dyn_w, stride_w, o,
+                 OUT: tl.constexpr, acc, PRECISION: tl.constexpr):
+    col_ok = cols < D
     dtype = s.dtype.element_ty
-    x = _load(s, row, stride_s, cols, mask)
+    x = _tile(s, base, cols, r_ok[:, None] & col_ok[None, :])
     at = j * D + cols
-    normed = (x * rstd * tl.load(norm_w + at, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    scale = tl.load(norm_w + at, mask=col_ok, other=0.0).to(tl.float32)
+    normed = (x * rstd[:, None] * scale[None, :]).to(dtype)
     w = tl.load(dyn_w + o[:, None] * stride_w + at[None, :],
-                mask=(o[:, None] < OUT) & mask[None, :], other=0.0).to(tl.float32)
-    return acc + w * normed.to(tl.float32)[None, :]
+                mask=(o[:, None] < OUT) & col_ok[None, :], other=0.0)
+    if PRECISION == "interpret":  # the interpreter's bf16 dot is wrong: exact fp32 instead
+        return tl.dot(normed.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
+                      input_precision="ieee")
+    return tl.dot(normed, tl.trans(w), acc, input_precision=PRECISION)
