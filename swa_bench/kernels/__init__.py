@@ -16,11 +16,11 @@ from swa_bench.kernels.hyper_connection import (
     hc_pre_folds_norm,
 )
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
-from swa_bench.kernels.moe import expert_gemm, fused_moe, moe_combine, silu_mul
+from swa_bench.kernels.moe import expert_gemm, fused_moe, moe_combine, moe_route, silu_mul
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
 
 __all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "hc_gains", "hc_post",
            "hc_pre", "hc_pre_folds_norm", "fused_moe", "index_score_flops",
-           "index_scores_fused", "moe_combine", "fused_rope", "mqa_attention",
+           "index_scores_fused", "moe_combine", "moe_route", "fused_rope", "mqa_attention",
            "mqa_attention_flops", "rope_", "silu_mul", "tile_config", "triton_available"]

@@ -1,7 +1,8 @@
-"""``silu_mul`` and ``moe_combine``: the routed experts' elementwise steps in one pass each
-(Triton), for inference on the Triton backend; and ``expert_gemm``, the grouped GEMM where
-``torch._grouped_mm`` does not run (fp32 on CUDA: the check models), with the gather into expert
-order, the SwiGLU and the scatter back to pair order in the same launch.
+"""``moe_route``, ``silu_mul`` and ``moe_combine``: the routing and the routed experts'
+elementwise steps in one pass each (Triton), for inference on the Triton backend; and
+``expert_gemm``, the grouped GEMM where ``torch._grouped_mm`` does not run (fp32 on CUDA: the
+check models), with the gather into expert order, the SwiGLU and the scatter back to pair order
+in the same launch.
 
 ``model.MoE`` keeps the PyTorch steps as the CPU path, for training (these have no backward) and
 as the oracle. Each output row depends on its own input rows alone: batch-invariant.
@@ -15,6 +16,7 @@ from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
 
 BLOCK = 1024
 GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
+ROUTE_BLOCK_R = 16
 
 
 def fused_moe(x: torch.Tensor) -> bool:
@@ -61,12 +63,32 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, order: tor
     return y
 
 
+def moe_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``MoE.route`` from the gate's ``logits [T, E]``: each row's ``top_k`` experts (int64,
+    highest sigmoid first) and their sigmoid scores normalised to sum to one (fp32), in one
+    launch instead of four."""
+    from swa_bench.kernels import triton_moe
+
+    rows, n_experts = logits.shape
+    experts = torch.empty(rows, top_k, dtype=torch.long, device=logits.device)
+    weights = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
+    if rows:
+        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+        triton_moe.route_kernel[(-(-rows // ROUTE_BLOCK_R),)](
+            logits, experts, weights, rows, logits.stride(0), E=n_experts,
+            E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
+            BLOCK_R=ROUTE_BLOCK_R, num_warps=4)
+    return experts, weights
+
+
 def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, shared: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """Token ``t``'s row: ``sum_j weights[t, j] * y[pos of (t, j)]`` where ``y`` holds the
     (token, expert) pairs in ``order`` (``y[i]`` is pair ``order[i]``, pair ``t k + j``; None:
-    ``y`` is in pair order already), with the PyTorch path's roundings. Writes into ``out``
-    ``[T, dim]`` when given."""
+    ``y`` is in pair order already), with the PyTorch path's roundings; plus ``shared[t]`` (the
+    shared experts' output) when given, rounded as the PyTorch path's sum of the two. Writes
+    into ``out`` ``[T, dim]`` when given."""
     from swa_bench.kernels import triton_moe
 
     t, k = weights.shape
@@ -78,8 +100,9 @@ def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tens
         out = y.new_empty(t, y.shape[1])
     if t:
         y = y if y.stride(-1) == 1 else y.contiguous()
+        add = shared if shared is not None else y
         triton_moe.combine_kernel[(t, -(-y.shape[1] // BLOCK))](
-            y, y if slot is None else slot, weights, out, y.shape[1], y.stride(0),
-            weights.stride(0), out.stride(0), K=k, SLOTTED=slot is not None, BLOCK=BLOCK,
-            num_warps=4)
+            y, y if slot is None else slot, weights, add, out, y.shape[1], y.stride(0),
+            weights.stride(0), add.stride(0), out.stride(0), K=k, SLOTTED=slot is not None,
+            ADD=shared is not None, BLOCK=BLOCK, num_warps=4)
     return out

@@ -31,11 +31,13 @@ def silu_mul_kernel(H, A, inter, stride_h, stride_a, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def combine_kernel(Y, SLOT, W, Out, dim, stride_y, stride_w, stride_o,
-                   K: tl.constexpr, SLOTTED: tl.constexpr, BLOCK: tl.constexpr):
+def combine_kernel(Y, SLOT, W, SHARED, Out, dim, stride_y, stride_w, stride_s, stride_o,
+                   K: tl.constexpr, SLOTTED: tl.constexpr, ADD: tl.constexpr,
+                   BLOCK: tl.constexpr):
     """``out[t] = sum_j round(y[slot[t, j]] * round(w[t, j]))`` in fp32, rounded once: ``slot``
     maps a token's j-th expert to its row of the expert-sorted ``y`` (``SLOTTED``; else ``y`` is
-    in pair order, row ``t K + j``)."""
+    in pair order, row ``t K + j``). ``ADD``: then plus ``shared[t]`` (the shared experts), in
+    fp32 and rounded again, as the PyTorch path adds the two outputs."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < dim
@@ -48,7 +50,40 @@ def combine_kernel(Y, SLOT, W, Out, dim, stride_y, stride_w, stride_o,
         y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0)
         w = tl.load(W + t * stride_w + j).to(y.dtype).to(tl.float32)
         acc += (y.to(tl.float32) * w).to(y.dtype).to(tl.float32)
+    if ADD:
+        shared = tl.load(SHARED + t * stride_s + cols, mask=mask, other=0.0).to(tl.float32)
+        acc = acc.to(Out.dtype.element_ty).to(tl.float32) + shared
     tl.store(Out + t * stride_o + cols, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def route_kernel(Logits, Experts, Weights, rows, stride_l, E: tl.constexpr,
+                 E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                 BLOCK_R: tl.constexpr):
+    """Each row's ``TOP_K`` experts by ``sigmoid(logit)`` in fp32, highest first (the lowest
+    index among equal scores), and their scores over the scores' sum: ``MoE.route``'s sigmoid,
+    ``topk`` and normalisation in one pass over the logits."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < rows
+    e = tl.arange(0, E_PAD)
+    x = tl.load(Logits + r.to(tl.int64)[:, None] * stride_l + e[None, :],
+                mask=r_ok[:, None] & (e < E)[None, :], other=0.0).to(tl.float32)
+    scores = tl.where((e < E)[None, :], 1.0 / (1.0 + tl.exp(-x)), -1.0)
+    slot = tl.arange(0, K_PAD)
+    chosen = tl.zeros([BLOCK_R, K_PAD], tl.int32)
+    values = tl.zeros([BLOCK_R, K_PAD], tl.float32)
+    total = tl.zeros([BLOCK_R], tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, 1)
+        pick = tl.min(tl.where(scores == best[:, None], e[None, :], E_PAD), 1)
+        chosen = tl.where(slot[None, :] == j, pick[:, None], chosen)
+        values = tl.where(slot[None, :] == j, best[:, None], values)
+        total += best
+        scores = tl.where(e[None, :] == pick[:, None], -2.0, scores)
+    at = r.to(tl.int64)[:, None] * TOP_K + slot[None, :]
+    mask = r_ok[:, None] & (slot < TOP_K)[None, :]
+    tl.store(Experts + at, chosen.to(tl.int64), mask=mask)
+    tl.store(Weights + at, values / total[:, None], mask=mask)
 
 
 @triton.jit

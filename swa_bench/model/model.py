@@ -33,6 +33,7 @@ from swa_bench.kernels import (
     hc_pre,
     hc_pre_folds_norm,
     moe_combine,
+    moe_route,
     rope_,
     silu_mul,
 )
@@ -308,9 +309,10 @@ class Attention(nn.Module):
         if kv is None:
             kv = self.project_kv(x)
         o = attention_op(q_latent, kv, self.index_weights(x), self.layer, self)
-        o = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1])
-        o = torch.einsum("tgi,gir->tgr", o, self.wo_a)
-        return self.wo_b(o.flatten(1))
+        # The groups' low-rank projections as one batched GEMM over a strided view of the heads:
+        # no transposed copy of them (1 GB a layer at 16K tokens).
+        grouped = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1]).transpose(0, 1)
+        return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
 
 
 @eager_break("attention")
@@ -435,19 +437,23 @@ class MoE(nn.Module):
     def experts(self) -> RoutedExperts:
         return self.own_experts if self.own_experts is not None else self.shared_pool[0]
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights."""
+    def route(self, x: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights (``fused``:
+        in one kernel, ``moe_route``)."""
         logits = self.gate(x)
+        if fused:
+            return moe_route(logits, self.top_k)
         scores = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
         top = scores.topk(self.top_k, dim=-1)
         return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
 
-    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False
-               ) -> torch.Tensor:
-        """The routed experts' sum for each row of ``x``, written into ``out`` when given;
-        ``fused``: on the inference kernels (``fused_moe``, decided once per forward)."""
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False,
+               shared: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared experts'
+        output of those rows) when given, written into ``out`` when given; ``fused``: on the
+        inference kernels (``fused_moe``, decided once per forward)."""
         t, k = x.shape[0], self.top_k
-        experts, weights = self.route(x)
+        experts, weights = self.route(x, fused)
         pairs = experts.flatten()
         order = torch.argsort(pairs, stable=True)
         bounds = torch.arange(1, self.n_experts + 1, device=x.device)
@@ -456,31 +462,38 @@ class MoE(nn.Module):
         if fused and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
             a = expert_gemm(x, w.w13, ends, order, top_k=k, swiglu=True)
             return moe_combine(expert_gemm(a, w.w2, ends, order, scatter=True), None, weights,
-                               out)
+                               out, shared)
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
         if fused:
-            return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out)
+            return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out, shared)
         g, u = h.chunk(2, dim=-1)
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
         y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
-        return summed.to(x.dtype) if out is None else out.copy_(summed)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        if shared is not None:
+            summed = summed + shared
+        return summed if out is None else out.copy_(summed)
+
+    def shared_experts(self, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
+        if self.shared_w13 is None:
+            return None
+        h = self.shared_w13(x)
+        if fused:
+            return self.shared_w2(silu_mul(h))
+        s1, s3 = h.chunk(2, dim=-1)
+        return self.shared_w2(F.silu(s1) * s3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared experts run first: the routed experts' combine adds their output."""
         fused = fused_moe(x)
+        shared = self.shared_experts(x, fused)
         if x.shape[0] <= MOE_ROWS:
-            out = self.routed(x, fused=fused)
-        else:
-            out = x.new_empty(x.shape)
-            for r in range(0, x.shape[0], MOE_ROWS):
-                self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS], fused)
-        if self.shared_w13 is not None:
-            h = self.shared_w13(x)
-            if fused:
-                return out + self.shared_w2(silu_mul(h))
-            s1, s3 = h.chunk(2, dim=-1)
-            out = out + self.shared_w2(F.silu(s1) * s3)
+            return self.routed(x, fused=fused, shared=shared)
+        out = x.new_empty(x.shape)
+        for r in range(0, x.shape[0], MOE_ROWS):
+            self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS], fused,
+                        None if shared is None else shared[r : r + MOE_ROWS])
         return out
 
 

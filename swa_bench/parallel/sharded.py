@@ -73,8 +73,8 @@ class ExpertParallelMoE(MoE):
         self.first_expert = (rank % layout.ep) * self.n_local if layout.ep > 1 else 0
         self.group = group
 
-    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False
-               ) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False,
+               shared: torch.Tensor | None = None) -> torch.Tensor:
         """``MoE.routed`` over this rank's experts: pairs routed elsewhere sort last, outside every
         group of the grouped GEMM, and contribute zero. Always the PyTorch steps (``fused`` is
         not taken: the fused combine has no mask for other ranks' pairs)."""
@@ -92,8 +92,10 @@ class ExpertParallelMoE(MoE):
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
         y = torch.where(mine[order][:, None], y * weights.flatten()[order].to(y.dtype)[:, None], 0)
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
-        return summed.to(x.dtype) if out is None else out.copy_(summed)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        if shared is not None:
+            summed = summed + shared
+        return summed if out is None else out.copy_(summed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(super().forward(x), self.group)

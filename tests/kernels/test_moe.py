@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swa_bench.kernels.moe import expert_gemm, moe_combine, silu_mul
+from swa_bench.kernels.moe import expert_gemm, moe_combine, moe_route, silu_mul
 from swa_bench.model import model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import MoE
@@ -59,6 +59,46 @@ def test_combine_is_the_per_token_sum(interpreter):
     tol = TOLERANCE[torch.bfloat16]
     torch.testing.assert_close(moe_combine(y, order, weights).float(),
                                oracle_combine(y, order, weights).float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_combine_adds_the_shared_experts_as_the_torch_sum_does(interpreter, dtype):
+    """The routed sum rounded to the dtype, plus the shared output, rounded again: the PyTorch
+    path's ``routed + shared``."""
+    y, order, weights = routed_outputs(9, 3, 1100, 5, dtype, seed=4)
+    shared = torch.randn(9, 1100, generator=torch.Generator().manual_seed(5)).to(dtype)
+    routed = moe_combine(y, order, weights)  # itself checked against the oracle above
+    mine = moe_combine(y, order, weights, shared=shared)
+    if dtype == torch.float32:
+        assert torch.equal(mine, routed + shared)
+        return
+    # The interpreter rounds to bf16 by truncation, torch to nearest: one bf16 step apart.
+    want = (routed + shared).float()
+    assert bool(((mine.float() - want).abs() <= 2 ** -7 * want.abs()).all())
+
+
+def oracle_route(logits, k):
+    """``MoE.route``'s steps in float64, ties broken by the lower expert index: the sigmoid is
+    strictly increasing, so the order of the logits (bf16 logits tie often) is the scores'."""
+    chosen = torch.tensor([sorted(range(len(row)), key=lambda e, row=row: (-row[e], e))[:k]
+                           for row in logits.double().tolist()])
+    values = torch.sigmoid(logits.double()).gather(1, chosen)
+    return chosen, values / values.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(("rows", "experts", "k", "dtype"),
+                         [(37, 10, 3, torch.float32), (5, 384, 6, torch.bfloat16),
+                          (17, 8, 2, torch.float32)])
+def test_route_is_the_sigmoid_top_k_normalised(interpreter, rows, experts, k, dtype):
+    """Rows past a block's end, expert counts off a power of two, tied bf16 logits: the k
+    highest scores, highest first, the lower index first among equal ones, and the weights to
+    fp32 rounding."""
+    logits = (2 * torch.randn(rows, experts, generator=torch.Generator().manual_seed(6))).to(dtype)
+    chosen, weights = moe_route(logits, k)
+    want_chosen, want_weights = oracle_route(logits, k)
+    assert chosen.dtype == torch.long and weights.dtype == torch.float32
+    assert torch.equal(chosen, want_chosen)
+    torch.testing.assert_close(weights.double(), want_weights, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -193,6 +233,15 @@ def test_moe_kernels_on_cuda(dtype):
     want = oracle_combine(y.cpu(), order.cpu(), weights.cpu())
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(mine.cpu().float(), want.float(), rtol=tol, atol=tol)
+    shared = torch.randn(300, 5120, device="cuda").to(dtype)
+    assert torch.equal(moe_combine(y, order, weights, shared=shared), mine + shared)
+    # On bf16's grid in either dtype: distinct logits lie far apart for fp32 sigmoids, equal
+    # ones tie exactly, so the expected experts are not a matter of the exponential's last bit.
+    logits = torch.randn(5000, 384, device="cuda").to(torch.bfloat16).to(dtype)
+    chosen, route_weights = moe_route(logits, 6)
+    want_chosen, want_weights = oracle_route(logits.cpu(), 6)
+    assert torch.equal(chosen.cpu(), want_chosen)
+    torch.testing.assert_close(route_weights.cpu().double(), want_weights, rtol=1e-6, atol=1e-6)
     h = torch.randn(333, 2 * 2304, device="cuda").to(dtype)
     g, u = h.chunk(2, dim=-1)
     torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
