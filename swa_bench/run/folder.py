@@ -170,6 +170,8 @@ def claim(run_dirs: Sequence[Path], names: Sequence[str], digests: Sequence[str]
         try:
             yield list(run_dirs)
         except KeyboardInterrupt:
+            for run_dir in run_dirs:  # a Ctrl-C between a temp file's creation and its cleanup
+                clean_temp_files(run_dir)
             raise Interrupted(interrupted_message(run_dirs, resume_command)) from None
 
 
