@@ -3,7 +3,9 @@
 per step (median of 20, the device synchronised), the host time to issue it, the device's busy
 time (the sum of its kernels' times: a step is host-bound when this is well under the wall
 time), its kernel launches by kind (torch.profiler), and where the host time goes (cProfile, by
-Python function, in ``$OUT/hotpath-<preset>-<path>-cprofile.txt``). The target: an eager step
+Python function, in ``$OUT/hotpath-<preset>-<path>-cprofile.txt``); then what one call costs
+the host in this process (a one-element add, a small linear, a Triton launch): the floor a
+step's launches put under its wall time. The target: an eager step
 under 15 ms. With a prompt length, one cold prefill of that length instead of the mixed batch
 (threshold-sweep's cases: where replay's saved device time should show).
 
@@ -54,20 +56,17 @@ def main() -> None:
     config = EngineConfig(policy="bounded", graph_mode="eager", trim_threshold=64,
                           capture_sizes=(8, 16, 32, 64, 128, 256))
     lines = [f"{preset} eager {what} ({sum(r.query_len for r in requests)} tokens) on {dev}"]
+    steps = {}
     for name, cfg in (("reference", config.reference()), ("replay", config)):
         engine = Engine(model, cfg)
         inputs.fill_context(engine)
-        step = lambda e=engine: e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)  # noqa: E731
-        for _ in range(3):
-            step()
-        sync()
-        walls, hosts = [], []
-        for _ in range(ITERS):
-            start = time.perf_counter()
-            step()
-            hosts.append(1e3 * (time.perf_counter() - start))
-            sync()
-            walls.append(1e3 * (time.perf_counter() - start))
+        steps[name] = lambda e=engine: e.step(inputs.requests, inputs.step_tokens,
+                                              inputs.cache_indices)
+    # Every timing before any profiling: a torch.profiler session can leave launches costlier
+    # for the rest of the process (the last line measures them again after it).
+    timed = {name: time_steps(step, sync) for name, step in steps.items()}
+    costs = launch_costs(dev) if dev.type == "cuda" else ""
+    for name, step in steps.items():
         host = cProfile.Profile()
         host.enable()
         step()
@@ -92,14 +91,54 @@ def main() -> None:
         busy = sum(e.self_device_time_total for e in events) / 1e3 if on_cuda else float("nan")
         (out / f"hotpath-{preset}{tag}-{name}.txt").write_text(
             prof.key_averages().table(sort_by="count", row_limit=40, max_name_column_width=90))
-        lines.append(f"  {name:9s} {statistics.median(walls):7.2f} ms/step "
-                     f"(host {statistics.median(hosts):6.2f} ms, device busy {busy:6.2f} ms), "
-                     f"{sum(by_kind.values())} "
+        wall, host_ms = timed[name]
+        lines.append(f"  {name:9s} {wall:7.2f} ms/step (host {host_ms:6.2f} ms, device busy "
+                     f"{busy:6.2f} ms), {sum(by_kind.values())} "
                      f"{'kernels' if on_cuda else 'aten ops'}: "
                      + ", ".join(f"{k} {n}" for k, n in by_kind.most_common()))
+    if costs:
+        lines += [costs, launch_costs(dev).replace("one call:", "one call after profiling:")]
     text = "\n".join(lines)
     (out / f"hotpath-{preset}{tag}.txt").write_text(text)
     print(text)
+
+
+def time_steps(step, sync) -> tuple[float, float]:
+    """Median wall and host ms of ``ITERS`` steps after three warm-up steps."""
+    for _ in range(3):
+        step()
+    sync()
+    walls, hosts = [], []
+    for _ in range(ITERS):
+        start = time.perf_counter()
+        step()
+        hosts.append(1e3 * (time.perf_counter() - start))
+        sync()
+        walls.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(walls), statistics.median(hosts)
+
+
+def launch_costs(dev: torch.device) -> str:
+    """Host microseconds per call, median of 5 runs of 2000 calls each."""
+    from swa_bench.kernels import silu_mul
+
+    x = torch.zeros(1, device=dev)
+    a, w = torch.randn(104, 256, device=dev), torch.randn(256, 256, device=dev)
+    h = torch.randn(1, 64, device=dev)
+    costs = []
+    for fn in (lambda: x.add_(1), lambda: torch.nn.functional.linear(a, w), lambda: silu_mul(h)):
+        for _ in range(50):
+            fn()
+        runs = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            runs.append(1e6 * (time.perf_counter() - start) / 2000)
+        costs.append(statistics.median(runs))
+    return ("  host cost of one call: add {:.1f} us, linear 104x256x256 {:.1f} us, "
+            "Triton launch (silu_mul) {:.1f} us".format(*costs))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Issue 12's targets that one H200 call can measure:
-#   1. scripts/hotpath_gpu.py small: the small preset's mixed eager step, wall, host and device
-#      busy ms, its launches by kind and a cProfile of the host time (target: under 15 ms); the
-#      same for one 1024-token prefill (threshold-sweep's largest case)
-#   2. pytest -m cuda: every GPU test (kernels vs the PyTorch path, the captured training step)
-#   3. graph-modes.yaml on the GPU: each case's reference / replay ms and the E3 checks
-#   4. threshold-sweep.yaml on the GPU: the trim-threshold advice, and replay vs reference per length
-#   5. swa-bench kernels: dense causal and sparse attention at 16K tokens, bf16, default tiles
-#      (targets: 300 TFLOP/s, 50% of roofline); SWEEP=1 also sweeps the dense kernel's tiles
-#   with "all" (the default, about 10 minutes) also:
-#   6. v41-flash 16K eager again, and `swa-bench compare` against the committed H200 run
-#      (reports/h200-v41-flash-eager-16k): two runs within 2% is the target
-#   7. scripts/profile_gpu.py 16384: where the v41-flash step's GPU time goes, by kernel kind
-# Usage (carry [".whl"]): [BUDGET=s] bash scripts/targets_gpu.sh [all|small]  ("small": steps 1-5, about 8
-# minutes). Everything comes back in $OUT/targets.tgz; the summary is printed last.
+# Every target of the GPU-speed issue from one H200 call, in this order (correctness first; each
+# timing step alone on the GPU):
+#   1. pytest -m cuda: every GPU test (kernels vs the PyTorch path, graphs, the captured training
+#      step), four workers on the one GPU
+#   2. scripts/v41_flash_gpu.sh all: v41-flash at 16K and 64K, eager and PIECEWISE, the README's
+#      H200 table (both paths' ms, TFLOP/s and MFU, the FLOP ideal) and its run folders
+#   3. the 16K eager case again, and `swa-bench compare` against step 2's run: two runs within 2%
+#   4. swa-bench kernels: dense causal and sparse attention at 16K tokens, bf16 (targets: 300
+#      TFLOP/s, 50% of roofline); SWEEP=1 also sweeps the dense kernel's tiles
+#   5. scripts/hotpath_gpu.py small: the small preset's mixed eager step, wall, host and device
+#      busy ms, its launches by kind, the host cost of one launch (target: under 15 ms)
+#   6. graph-modes.yaml on the GPU: each case's reference / replay ms and the E3 checks
+#   7. threshold-sweep.yaml on the GPU: the trim-threshold advice, replay vs reference per length
+# Usage (carry [".whl"]): [BUDGET=s] bash scripts/targets_gpu.sh [all|small]  ("small" leaves out
+# steps 2 and 3: about 4 minutes; "all" about 8). Everything comes back in $OUT/targets.tgz; the
+# summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -33,39 +34,37 @@ step() {  # name, time limit (s), command...
   rc=$?
   echo "$name: rc=$rc in $((SECONDS - start)) s" >> "$W/steps.txt"
 }
-step hotpath 90 env OUT="$W" python3 scripts/hotpath_gpu.py small
-step hotpath-1024 60 env OUT="$W" python3 scripts/hotpath_gpu.py small 1024
-step kernels 90 python3 -m swa_bench kernels -t 16384 -p dense -p sparse
-[ -n "${SWEEP:-}" ] && step kernel-sweep 150 python3 -m swa_bench kernels -t 16384 -p dense --sweep
-step cuda-tests 220 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=15
-step graph-modes 120 python3 -m swa_bench run scenarios/graph-modes.yaml --out "$RUNS/graph-modes"
-step threshold-sweep 180 python3 -m swa_bench run scenarios/threshold-sweep.yaml \
-  --out "$RUNS/threshold-sweep"
+step cuda-tests 150 python3 -m pytest -q -m cuda -p no:cacheprovider -n 4 --durations=10
 if [ "$MODE" = all ]; then
-  step flash-16k 130 python3 -m swa_bench run scenarios/v41-flash-gpu.yaml \
-    --select "eager/bounded/T=16384/" --out "$RUNS/eager-16k"
-  step compare-16k 30 python3 -m swa_bench compare \
-    reports/h200-v41-flash-eager-16k/results.json "$RUNS/eager-16k/results.json" --max-slowdown 0.02
-  step profile 150 env OUT="$W" python3 scripts/profile_gpu.py 16384
+  step flash 320 env OUT="$W/flash" bash scripts/v41_flash_gpu.sh all
+  step flash-16k-again 90 python3 -m swa_bench run scenarios/v41-flash-gpu.yaml \
+    --select "eager/bounded/T=16384/" --out "$RUNS/eager-16k-again"
+  step compare-16k 30 python3 -m swa_bench compare "$W/flash/runs/eager-16k/results.json" \
+    "$RUNS/eager-16k-again/results.json" --max-slowdown 0.02
 fi
+step kernels 60 python3 -m swa_bench kernels -t 16384 -p dense -p sparse
+[ -n "${SWEEP:-}" ] && step kernel-sweep 150 python3 -m swa_bench kernels -t 16384 -p dense --sweep
+step hotpath 90 env OUT="$W" python3 scripts/hotpath_gpu.py small
+step graph-modes 120 python3 -m swa_bench run scenarios/graph-modes.yaml --out "$RUNS/graph-modes"
+step threshold-sweep 150 python3 -m swa_bench run scenarios/threshold-sweep.yaml \
+  --out "$RUNS/threshold-sweep"
 
 {
   cat "$W/gpu.txt" "$W/steps.txt"
-  echo "== 1. hotpath (small: mixed eager step; 1024-token prefill)"
-  tail -3 "$W/hotpath.log"; tail -3 "$W/hotpath-1024.log"
-  echo "== 2. pytest -m cuda"; grep -E "^(FAILED|ERROR)" "$W/cuda-tests.log" | head
+  echo "== 1. pytest -m cuda"; grep -E "^(FAILED|ERROR)" "$W/cuda-tests.log" | head
   tail -1 "$W/cuda-tests.log"
-  echo "== 3/4. graph-modes and threshold-sweep: reference / replay median ms"
-  python3 scripts/run_summary.py "$RUNS/graph-modes" "$RUNS/threshold-sweep"
-  grep -h "recommended trim_threshold" "$W/graph-modes.log" "$W/threshold-sweep.log"
-  echo "== 5. kernels (16K, bf16)"; grep -E "GEMM|^  (dense|sparse)" "$W/kernels.log"
+  if [ "$MODE" = all ]; then
+    echo "== 2. v41-flash (scripts/v41_flash_gpu.sh all)"; cat "$W/flash/cases.txt" "$W/flash/table.md"
+    echo "== 3. the 16K eager case again, compared with step 2's run"
+    python3 scripts/run_summary.py "$RUNS/eager-16k-again"; tail -6 "$W/compare-16k.log"
+  fi
+  echo "== 4. kernels (16K, bf16)"; grep -E "GEMM|^  (dense|sparse)" "$W/kernels.log"
   [ -f "$W/kernel-sweep.log" ] && grep -E "^  dense .*triton" "$W/kernel-sweep.log" \
     | awk '{print $(NF-1), $0}' | sort -g | cut -d' ' -f2- | tail -6
-  if [ "$MODE" = all ]; then
-    echo "== 6. v41-flash 16K eager, and compare with the committed run"
-    python3 scripts/run_summary.py "$RUNS/eager-16k"; tail -15 "$W/compare-16k.log"
-    echo "== 7. profile"; grep -E "^## |^  [a-z]" "$W/profile.log" || tail -5 "$W/profile.log"
-  fi
+  echo "== 5. hotpath (small: mixed eager step)"; tail -5 "$W/hotpath.log"
+  echo "== 6/7. graph-modes and threshold-sweep: reference / replay median ms"
+  python3 scripts/run_summary.py "$RUNS/graph-modes" "$RUNS/threshold-sweep"
+  grep -h "recommended trim_threshold" "$W/graph-modes.log" "$W/threshold-sweep.log"
 } > "$W/targets.txt" 2>&1
 tar czf "$OUT/targets.tgz" -C "$W" .
 cat "$W/targets.txt"
