@@ -1,7 +1,7 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
 the indexer's scores without its per-head intermediate, the routed experts' grouped GEMM where
-``torch._grouped_mm`` does not run, and the mHC stream sums, the routed experts' elementwise
-steps and RoPE in one pass each.
+``torch._grouped_mm`` does not run, and the mHC stream sums, the MoE's routing, the routed
+experts' elementwise steps and RoPE in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
