@@ -2,7 +2,7 @@
 # Every target of the GPU-speed issue from one H200 call, in this order (correctness first; each
 # timing step alone on the GPU):
 #   1. pytest -m cuda: every GPU test (kernels vs the PyTorch path, graphs, the captured training
-#      step), four workers on the one GPU
+#      step)
 #   2. scripts/v41_flash_gpu.sh all: v41-flash at 16K and 64K, eager and PIECEWISE, the README's
 #      H200 table (both paths' ms, TFLOP/s and MFU, the FLOP ideal) and its run folders
 #   3. the 16K eager case again, and `swa-bench compare` against step 2's run: two runs within 2%
@@ -34,7 +34,7 @@ step() {  # name, time limit (s), command...
   rc=$?
   echo "$name: rc=$rc in $((SECONDS - start)) s" >> "$W/steps.txt"
 }
-step cuda-tests 150 python3 -m pytest -q -m cuda -p no:cacheprovider -n 4 --durations=10
+step cuda-tests 150 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10
 if [ "$MODE" = all ]; then
   step flash 320 env OUT="$W/flash" bash scripts/v41_flash_gpu.sh all
   step flash-16k-again 90 python3 -m swa_bench run scenarios/v41-flash-gpu.yaml \
