@@ -308,9 +308,13 @@ class Attention(nn.Module):
         q_latent = self.q_norm(self.wq_a(x))
         if kv is None:
             kv = self.project_kv(x)
-        o = attention_op(q_latent, kv, self.index_weights(x), self.layer, self)
-        # The groups' low-rank projections as one batched GEMM over a strided view of the heads:
-        # no transposed copy of them (1 GB a layer at 16K tokens).
+        return self.project_out(attention_op(q_latent, kv, self.index_weights(x), self.layer,
+                                             self))
+
+    def project_out(self, o: torch.Tensor) -> torch.Tensor:
+        """The heads ``[T, H, D]`` back to the model width: each group's low-rank projection as
+        one batched GEMM over a strided view of the heads (no transposed copy of them, 1 GB a
+        layer at 16K tokens), then ``wo_b``."""
         grouped = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1]).transpose(0, 1)
         return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
 

@@ -134,8 +134,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         o = torch.einsum("bhts,bsd->bthd", probs[..., :t].to(kv.dtype), kv)
         if len(values) > 1:
             o = o + torch.einsum("bhtn,bnd->bthd", probs[..., t:-1].to(kv.dtype), values[1])
-        o = o.reshape(b * t, args.o_groups, attn.wo_a.shape[1])
-        o = attn.wo_b(torch.einsum("tgi,gir->tgr", o, attn.wo_a).flatten(1))
+        o = attn.project_out(o.reshape(b * t, attn.n_heads, attn.head_dim))
         streams = block.attn_hc.post(streams, o, post)
         f, post = block.ffn_hc.pre(streams, block.ffn_norm)
         streams = block.ffn_hc.post(streams, dense_moe(block.moe, f), post)
