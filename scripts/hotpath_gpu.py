@@ -2,7 +2,8 @@
 48 + 8 decodes at context 24, fp32), reference and replay paths. Prints each path's wall time
 per step (median of 20, the device synchronised), the host time to issue it, the device's busy
 time (the sum of its kernels' times: a step is host-bound when this is well under the wall
-time), its kernel launches by kind (torch.profiler), and where the host time goes (cProfile, by
+time), its kernel launches by kind (torch.profiler; each in launch order in
+``$OUT/hotpath-<preset>-<path>-kernels.txt``), and where the host time goes (cProfile, by
 Python function, in ``$OUT/hotpath-<preset>-<path>-cprofile.txt``); then what one call costs
 the host in this process (a one-element add, a small linear, a Triton launch): the floor a
 step's launches put under its wall time. The target: an eager step
@@ -85,6 +86,11 @@ def main() -> None:
                       and e.device_type == torch.autograd.DeviceType.CUDA]
         else:
             events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        if on_cuda:  # every kernel in launch order: which op of which layer launched it
+            launched = sorted((e for e in prof.events() if e.device_type ==
+                               torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start)
+            (out / f"hotpath-{preset}{tag}-{name}-kernels.txt").write_text(
+                "\n".join(e.name[:160] for e in launched))
         by_kind: Counter[str] = Counter()
         for e in events:
             by_kind[kind(e.key)] += e.count

@@ -1,7 +1,7 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
 the indexer's scores without its per-head intermediate, the routed experts' grouped GEMM where
 ``torch._grouped_mm`` does not run, and the mHC stream sums, the MoE's routing, the routed
-experts' elementwise steps and RoPE in one pass each.
+experts' elementwise steps, the attention latents' norms and RoPE in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -16,11 +16,20 @@ from swa_bench.kernels.hyper_connection import (
     hc_pre_folds_norm,
 )
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
-from swa_bench.kernels.moe import expert_gemm, fused_moe, moe_combine, moe_route, silu_mul
+from swa_bench.kernels.latents import fused_latents, norm_latents
+from swa_bench.kernels.moe import (
+    expert_gemm,
+    fused_moe,
+    moe_combine,
+    moe_route,
+    moe_sort,
+    silu_mul,
+)
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
 
-__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "hc_gains", "hc_post",
-           "hc_pre", "hc_pre_folds_norm", "fused_moe", "index_score_flops",
-           "index_scores_fused", "moe_combine", "moe_route", "fused_rope", "mqa_attention",
-           "mqa_attention_flops", "rope_", "silu_mul", "tile_config", "triton_available"]
+__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_moe",
+           "fused_latents", "fused_rope", "hc_gains", "hc_post", "hc_pre", "hc_pre_folds_norm",
+           "index_score_flops", "index_scores_fused", "moe_combine", "moe_route", "moe_sort",
+           "mqa_attention", "mqa_attention_flops", "norm_latents", "rope_", "silu_mul",
+           "tile_config", "triton_available"]

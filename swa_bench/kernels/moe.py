@@ -1,5 +1,6 @@
-"""``moe_route``, ``silu_mul`` and ``moe_combine``: the routing and the routed experts'
-elementwise steps in one pass each (Triton), for inference on the Triton backend; and
+"""``moe_route``, ``moe_sort``, ``silu_mul`` and ``moe_combine``: the routing, the sort of the
+(token, expert) pairs by expert and the routed experts' elementwise steps in one pass each
+(Triton), for inference on the Triton backend; and
 ``expert_gemm``, the grouped GEMM where ``torch._grouped_mm`` does not run (fp32 on CUDA: the
 check models), with the gather into expert order, the SwiGLU and the scatter back to pair order
 in the same launch.
@@ -17,6 +18,7 @@ from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
 BLOCK = 1024
 GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
 ROUTE_BLOCK_R = 16
+SORT_PAIRS = 4096  # (token, expert) pairs one program sorts: a decode or mixed step's
 
 
 def fused_moe(x: torch.Tensor) -> bool:
@@ -79,6 +81,28 @@ def moe_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Ten
             E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
             BLOCK_R=ROUTE_BLOCK_R, num_warps=4)
     return experts, weights
+
+
+def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, expert) pairs of ``experts [T, k]`` sorted by expert, stable: ``order[r]``
+    (int64) is the pair at sorted row ``r``; ``ends [E]`` (int32) each expert's cumulative row
+    end. ``MoE.routed``'s ``argsort``, gather, ``arange`` and ``searchsorted`` (eight launches
+    with the sort's copies) in one for up to ``SORT_PAIRS`` pairs; more take those ops. Integer
+    results, equal either way."""
+    from swa_bench.kernels import triton_moe
+
+    pairs = experts.flatten()
+    n = pairs.numel()
+    if n > SORT_PAIRS or n_experts * next_pow2(max(n, 2)) >= 2**31:
+        order = torch.argsort(pairs, stable=True)
+        bounds = torch.arange(1, n_experts + 1, device=pairs.device)
+        return order, torch.searchsorted(pairs[order], bounds, out_int32=True)
+    order = torch.empty(n, dtype=torch.long, device=pairs.device)
+    ends = torch.empty(n_experts, dtype=torch.int32, device=pairs.device)
+    triton_moe.sort_pairs_kernel[(1,)](
+        pairs, order, ends, n, E=n_experts, N_PAD=max(16, next_pow2(n)),
+        BINS=max(16, next_pow2(n_experts + 1)), num_warps=4)
+    return order, ends
 
 
 def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tensor,

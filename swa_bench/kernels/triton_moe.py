@@ -87,6 +87,23 @@ def route_kernel(Logits, Experts, Weights, rows, stride_l, E: tl.constexpr,
 
 
 @triton.jit
+def sort_pairs_kernel(Pairs, Order, Ends, n, E: tl.constexpr, N_PAD: tl.constexpr,
+                      BINS: tl.constexpr):
+    """One program sorts every (token, expert) pair by expert: the keys ``expert * N_PAD +
+    pair`` are unique, so one ascending sort is the stable order (equal experts keep pair
+    order); each expert's row end is the running sum of the experts' histogram. Padding lanes
+    carry expert ``E``: they sort last and fall in a bin past the stored ends."""
+    i = tl.arange(0, N_PAD)
+    ok = i < n
+    e = tl.load(Pairs + i, mask=ok, other=E).to(tl.int32)
+    keys = tl.sort(e * N_PAD + i)
+    tl.store(Order + i, (keys % N_PAD).to(tl.int64), mask=ok)
+    ends = tl.cumsum(tl.histogram(e, BINS), 0)
+    b = tl.arange(0, BINS)
+    tl.store(Ends + b, ends, mask=b < E)
+
+
+@triton.jit
 def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, stride_y,
                       N: tl.constexpr, K: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                       TOP_K: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,

@@ -26,6 +26,7 @@ from torch import nn
 from swa_bench.kernels import (
     expert_gemm,
     fused_hc,
+    fused_latents,
     fused_moe,
     fused_rope,
     hc_gains,
@@ -34,6 +35,8 @@ from swa_bench.kernels import (
     hc_pre_folds_norm,
     moe_combine,
     moe_route,
+    moe_sort,
+    norm_latents,
     rope_,
     silu_mul,
 )
@@ -275,21 +278,55 @@ class Attention(nn.Module):
     def index_rope_dim(self) -> int:
         return min(self.args.rope_dim, self.args.index_head_dim // 2 * 2)
 
+    def project_latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query latent and the shared K=V latent of every row (stored as ``project_kv``
+        stores it). On the inference kernels: one GEMM over both projections' stacked weights
+        and one launch for both norms and the RoPE, three launches where the steps take eight."""
+        args = self.args
+        if not fused_latents(x, args.q_lora_rank, args.head_dim):
+            return self.q_norm(self.wq_a(x)), self.project_kv(x)
+        positions = get_forward_context().attn_metadata.positions
+        cos_table, sin_table = rope_table(x.device, args.rope_dim, args.rope_theta,
+                                          args.max_seq_len)
+        q_latent, kv, latent = norm_latents(
+            F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
+            (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
+            positions, cos_table, sin_table, args.rope_dim, keep_latent=self.writes_index_keys)
+        self.store_kv(kv, latent)
+        return q_latent, kv
+
+    def stacked_latent_weight(self) -> torch.Tensor:
+        """``[wq_a; wkv]``, stacked once and again only when either weight changes (their
+        version counters): an inference copy of ``(q_lora_rank + head_dim) x dim`` weights."""
+        wq, wkv = self.wq_a.weight, self.wkv.weight
+        key = (wq.data_ptr(), wq._version, wkv.data_ptr(), wkv._version)
+        cached = getattr(self, "_stacked_latent_weight", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        stacked = torch.cat([wq, wkv])
+        if not capturing(wq.device):
+            self._stacked_latent_weight = (key, stacked)
+        return stacked
+
     def project_kv(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared K=V latent of every row; a KV source also writes it to its latent cache
-        (and, with sparse attention, its index keys)."""
-        ctx = get_forward_context()
-        positions = ctx.attn_metadata.positions
+        """The shared K=V latent of every row, by the PyTorch steps (layer S's part on every
+        row, and the path where ``project_latents`` does not fuse), stored by ``store_kv``."""
         latent = self.kv_norm(self.wkv(x))
+        positions = get_forward_context().attn_metadata.positions
         kv = self.rope(latent, positions, self.args.rope_dim)
-        if self.writes_latent:
-            self.cache.latent[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, kv)
-        if self.writes_index_keys:
-            keys = self.rope(
-                self.index_norm(self.wk_index(latent)), positions, self.index_rope_dim, inplace=True
-            )
-            self.cache.index_keys[self.layer].index_copy_(0, ctx.attn_metadata.global_slot, keys)
+        self.store_kv(kv, latent)
         return kv
+
+    def store_kv(self, kv: torch.Tensor, latent: torch.Tensor | None) -> None:
+        """A KV source writes ``kv`` to its latent cache and, with sparse attention, its index
+        keys from ``latent`` (the normed latent before RoPE)."""
+        meta = get_forward_context().attn_metadata
+        if self.writes_latent:
+            self.cache.latent[self.layer].index_copy_(0, meta.global_slot, kv)
+        if self.writes_index_keys:
+            keys = self.rope(self.index_norm(self.wk_index(latent)), meta.positions,
+                             self.index_rope_dim, inplace=True)
+            self.cache.index_keys[self.layer].index_copy_(0, meta.global_slot, keys)
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
@@ -305,18 +342,25 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
         """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
-        q_latent = self.q_norm(self.wq_a(x))
         if kv is None:
-            kv = self.project_kv(x)
+            q_latent, kv = self.project_latents(x)
+        else:
+            q_latent = self.q_norm(self.wq_a(x))
         return self.project_out(attention_op(q_latent, kv, self.index_weights(x), self.layer,
                                              self))
 
     def project_out(self, o: torch.Tensor) -> torch.Tensor:
         """The heads ``[T, H, D]`` back to the model width: each group's low-rank projection as
         one batched GEMM over a strided view of the heads (no transposed copy of them, 1 GB a
-        layer at 16K tokens), then ``wo_b``."""
-        grouped = o.reshape(o.shape[0], self.args.o_groups, self.wo_a.shape[1]).transpose(0, 1)
-        return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
+        layer at 16K tokens) that writes token-major rows (no copy of its output either, where
+        no gradient is wanted: ``out=`` has no backward), then ``wo_b``."""
+        rows, groups = o.shape[0], self.args.o_groups
+        grouped = o.reshape(rows, groups, self.wo_a.shape[1]).transpose(0, 1)
+        if torch.is_grad_enabled() and (o.requires_grad or self.wo_a.requires_grad):
+            return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
+        low = o.new_empty(rows, groups, self.wo_a.shape[2])  # bmm writes it through a view
+        torch.bmm(grouped, self.wo_a, out=low.transpose(0, 1))
+        return self.wo_b(low.flatten(1))
 
 
 @eager_break("attention")
@@ -458,10 +502,13 @@ class MoE(nn.Module):
         inference kernels (``fused_moe``, decided once per forward)."""
         t, k = x.shape[0], self.top_k
         experts, weights = self.route(x, fused)
-        pairs = experts.flatten()
-        order = torch.argsort(pairs, stable=True)
-        bounds = torch.arange(1, self.n_experts + 1, device=x.device)
-        ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
+        if fused:
+            order, ends = moe_sort(experts, self.n_experts)
+        else:
+            pairs = experts.flatten()
+            order = torch.argsort(pairs, stable=True)
+            bounds = torch.arange(1, self.n_experts + 1, device=x.device)
+            ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w = self.experts
         if fused and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
             a = expert_gemm(x, w.w13, ends, order, top_k=k, swiglu=True)

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swa_bench.kernels.moe import expert_gemm, moe_combine, moe_route, silu_mul
+from swa_bench.kernels import moe as moe_kernels
+from swa_bench.kernels.moe import expert_gemm, moe_combine, moe_route, moe_sort, silu_mul
 from swa_bench.model import model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import MoE
@@ -99,6 +100,33 @@ def test_route_is_the_sigmoid_top_k_normalised(interpreter, rows, experts, k, dt
     assert chosen.dtype == torch.long and weights.dtype == torch.float32
     assert torch.equal(chosen, want_chosen)
     torch.testing.assert_close(weights.double(), want_weights, rtol=1e-6, atol=1e-6)
+
+
+def oracle_sort(experts, n_experts):
+    """Expert by expert, its pairs in pair order, and the running count of rows."""
+    pairs = experts.flatten().tolist()
+    order, ends = [], []
+    for e in range(n_experts):
+        order += [i for i, p in enumerate(pairs) if p == e]
+        ends.append(len(order))
+    return torch.tensor(order), torch.tensor(ends, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("tokens", "k", "n_experts"),
+                         [(37, 3, 10), (1, 1, 384), (52, 2, 8), (300, 6, 384)])
+def test_sort_is_the_stable_order_by_expert(interpreter, tokens, k, n_experts, monkeypatch):
+    """Many pairs per expert (ties keep pair order), experts no pair chose (empty groups), pair
+    counts off a power of two; and past ``SORT_PAIRS``, torch's ops give the same integers."""
+    g = torch.Generator().manual_seed(tokens)
+    experts = torch.stack([torch.randperm(n_experts, generator=g)[:k] for _ in range(tokens)])
+    experts = experts % max(k, n_experts // 3)  # a third of the experts at most: empty groups
+    want_order, want_ends = oracle_sort(experts, n_experts)
+    order, ends = moe_sort(experts, n_experts)
+    assert order.dtype == torch.long and ends.dtype == torch.int32
+    assert torch.equal(order, want_order) and torch.equal(ends, want_ends)
+    monkeypatch.setattr(moe_kernels, "SORT_PAIRS", experts.numel() - 1)
+    order, ends = moe_sort(experts, n_experts)
+    assert torch.equal(order, want_order) and torch.equal(ends, want_ends)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -242,6 +270,10 @@ def test_moe_kernels_on_cuda(dtype):
     want_chosen, want_weights = oracle_route(logits.cpu(), 6)
     assert torch.equal(chosen.cpu(), want_chosen)
     torch.testing.assert_close(route_weights.cpu().double(), want_weights, rtol=1e-6, atol=1e-6)
+    chosen = chosen[:600] % 97  # 3600 pairs: the one-program sort's largest size, ties
+    order, ends = moe_sort(chosen, 384)
+    want_order, want_ends = oracle_sort(chosen.cpu(), 384)
+    assert torch.equal(order.cpu(), want_order) and torch.equal(ends.cpu(), want_ends)
     h = torch.randn(333, 2 * 2304, device="cuda").to(dtype)
     g, u = h.chunk(2, dim=-1)
     torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
