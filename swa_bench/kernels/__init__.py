@@ -11,6 +11,7 @@ from swa_bench.kernels.config import TileConfig, attention_backend, tile_config,
 from swa_bench.kernels.hyper_connection import (
     fused_hc,
     hc_gains,
+    hc_gated_pre,
     hc_post,
     hc_pre,
     hc_pre_folds_norm,
@@ -20,6 +21,7 @@ from swa_bench.kernels.latents import fused_latents, norm_latents
 from swa_bench.kernels.moe import (
     expert_gemm,
     fused_moe,
+    gate_in_route,
     moe_combine,
     moe_route,
     moe_sort,
@@ -28,8 +30,8 @@ from swa_bench.kernels.moe import (
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
 
-__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_moe",
-           "fused_latents", "fused_rope", "hc_gains", "hc_post", "hc_pre", "hc_pre_folds_norm",
-           "index_score_flops", "index_scores_fused", "moe_combine", "moe_route", "moe_sort",
-           "mqa_attention", "mqa_attention_flops", "norm_latents", "rope_", "silu_mul",
-           "tile_config", "triton_available"]
+__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_latents",
+           "fused_moe", "fused_rope", "gate_in_route", "hc_gains", "hc_gated_pre", "hc_post",
+           "hc_pre", "hc_pre_folds_norm", "index_score_flops", "index_scores_fused",
+           "moe_combine", "moe_route", "moe_sort", "mqa_attention", "mqa_attention_flops",
+           "norm_latents", "rope_", "silu_mul", "tile_config", "triton_available"]

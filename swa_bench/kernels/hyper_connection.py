@@ -1,5 +1,5 @@
 """``hc_gains``, ``hc_pre`` and ``hc_post``: the mHC gains and stream sums in one pass each
-(Triton), for up to four streams.
+(Triton), for up to four streams; ``hc_gated_pre``: the gains and the pre sum in one launch.
 
 The model calls them when ``attention_backend`` picks Triton and no gradient is wanted (they have
 no backward: training uses the PyTorch path); ``model.weighted_sum`` stays the CPU path and the
@@ -95,20 +95,47 @@ def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     statistics, one for the product. With ``statics = (static_pre, static_post)`` the mHC gates
     instead: ``sigmoid(gains[:, :hc] + static_pre)`` and ``2 sigmoid(gains[:, hc:] +
     static_post)``, in the same launch."""
-    from swa_bench.kernels import triton_hc
-
-    rows, dim = streams[0].shape
+    rows = streams[0].shape[0]
     n_out = dyn_weight.shape[0]
     out = torch.empty(rows, n_out, dtype=torch.float32, device=streams[0].device)
     if rows == 0:
         return out
+    _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out)
+    return out
+
+
+def hc_gated_pre(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
+                 dyn_weight: torch.Tensor, eps: float,
+                 statics: tuple[torch.Tensor, torch.Tensor],
+                 norm: tuple[torch.Tensor, float] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hc_gains`` (the gates) and ``hc_pre`` with their pre gates in one launch, for rows
+    where ``hc_pre_folds_norm``: the sublayer's input (normed with ``norm = (weight, eps)``
+    when given) and the post gates ``[T, hc]``."""
+    rows, dim = streams[0].shape
+    if not hc_pre_folds_norm(dim):
+        raise ValueError(f"hc_gated_pre takes rows of at most {BLOCK_D}, got {dim}")
+    hc = len(streams)
+    gates = torch.empty(rows, 2 * hc, dtype=torch.float32, device=streams[0].device)
+    y = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
+    if rows:
+        _launch_gains(streams, norm_weight, dyn_weight, eps, statics, gates, y, norm)
+    return y, gates[:, hc:]
+
+
+def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None):
+    from swa_bench.kernels import triton_hc
+
+    rows, dim = streams[0].shape
     dyn_weight = dyn_weight if dyn_weight.stride(-1) == 1 else dyn_weight.contiguous()
     static_pre, static_post = statics if statics is not None else (out, out)
+    y_norm_w, y_eps = norm if norm is not None else (out, 0.0)
     s = _padded(streams)
     triton_hc.hc_gains_kernel[(-(-rows // GAINS_BLOCK_R),)](
-        *s, norm_weight, dyn_weight, static_pre, static_post, out, rows, s[0].stride(0),
-        dyn_weight.stride(0), out.stride(0), eps, D=dim, HC=len(streams), OUT=n_out,
-        OUT_PAD=max(16, next_pow2(n_out)), BLOCK_R=GAINS_BLOCK_R, BLOCK_D=GAINS_BLOCK_D,
-        GATES=statics is not None, PRECISION=dot_precision(streams[0].dtype), num_warps=4,
-        num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory
-    return out
+        *s, norm_weight, dyn_weight, static_pre, static_post, out, out if y is None else y,
+        y_norm_w, rows, s[0].stride(0), dyn_weight.stride(0), out.stride(0),
+        0 if y is None else y.stride(0), eps, y_eps, D=dim, HC=len(streams),
+        OUT=dyn_weight.shape[0], OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])),
+        BLOCK_R=GAINS_BLOCK_R, BLOCK_D=GAINS_BLOCK_D, GATES=statics is not None,
+        PRE=y is not None, NORM=norm is not None, PRECISION=dot_precision(streams[0].dtype),
+        num_warps=4, num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32: smem

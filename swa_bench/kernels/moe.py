@@ -18,6 +18,8 @@ from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
 BLOCK = 1024
 GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
 ROUTE_BLOCK_R = 16
+ROUTE_BLOCK_K = 64
+GATE_IN_ROUTE_ELEMENTS = 1 << 16
 SORT_PAIRS = 4096  # (token, expert) pairs one program sorts: a decode or mixed step's
 
 
@@ -40,17 +42,22 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, order: torch.Tensor, *,
-                top_k: int = 0, swiglu: bool = False, scatter: bool = False) -> torch.Tensor:
+def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
+                order: torch.Tensor | None, *, top_k: int = 0, swiglu: bool = False,
+                scatter: bool = False) -> torch.Tensor:
     """Each (token, expert) pair's row times its expert's ``w [G, N, K]`` (transposed), the
     pairs sorted by expert (``order[r]``: the pair at sorted row ``r``; ``ends [G]``: int32
     cumulative row ends). ``top_k``: row ``r``'s input is ``x[order[r] // top_k]``, else
     ``x[r]``. ``swiglu``: ``w`` is ``[gate; up]`` and the output ``silu(gate) * up`` (``[M, N /
     2]``). ``scatter``: row ``r`` lands at ``order[r]`` (pair order). One launch; no host read
-    of ``ends``, so a captured graph replays each step's routing."""
+    of ``ends``, so a captured graph replays each step's routing. ``ends`` and ``order`` None:
+    ``w [1, N, K]`` for every row of ``x`` (the shared experts' SwiGLU in one launch)."""
     from swa_bench.kernels import triton_moe
 
-    rows, (groups, n, k) = order.numel(), w.shape
+    dense = order is None
+    rows, (groups, n, k) = x.shape[0] if dense else order.numel(), w.shape
+    if dense and (groups != 1 or top_k or scatter):
+        raise ValueError("expert_gemm without order takes one weight, no gather or scatter")
     n = n // 2 if swiglu else n
     x = x if x.stride(-1) == 1 else x.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
@@ -58,29 +65,44 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, order: tor
     if rows:
         grid = (-(-rows // GEMM_BLOCK_M), -(-n // GEMM_BLOCK_N))
         triton_moe.grouped_mm_kernel[grid](
-            x, order, w, ends, y, rows, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
-            N=n, K=k, G=groups, G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu,
-            SCATTER=scatter, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
+            x, x if dense else order, w, x if dense else ends, y, rows, x.stride(0),
+            w.stride(0), w.stride(1), y.stride(0), N=n, K=k, G=groups,
+            G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu, SCATTER=scatter,
+            DENSE=dense, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
             PRECISION=dot_precision(x.dtype), num_warps=4)
     return y
 
 
-def moe_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route(logits: torch.Tensor, top_k: int, gate: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``MoE.route`` from the gate's ``logits [T, E]``: each row's ``top_k`` experts (int64,
     highest sigmoid first) and their sigmoid scores normalised to sum to one (fp32), in one
-    launch instead of four."""
+    launch instead of four. With the gate's weight ``gate [E, dim]`` (where ``gate_in_route``),
+    ``logits`` are the token rows ``[T, dim]`` and the gate's product runs in the same launch."""
     from swa_bench.kernels import triton_moe
 
-    rows, n_experts = logits.shape
+    rows = logits.shape[0]
+    n_experts = logits.shape[1] if gate is None else gate.shape[0]
     experts = torch.empty(rows, top_k, dtype=torch.long, device=logits.device)
     weights = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     if rows:
         logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+        if gate is not None:
+            gate = gate if gate.stride(-1) == 1 else gate.contiguous()
         triton_moe.route_kernel[(-(-rows // ROUTE_BLOCK_R),)](
-            logits, experts, weights, rows, logits.stride(0), E=n_experts,
+            logits, logits if gate is None else gate, experts, weights, rows, logits.stride(0),
+            0 if gate is None else gate.stride(0), E=n_experts,
             E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
-            BLOCK_R=ROUTE_BLOCK_R, num_warps=4)
+            BLOCK_R=ROUTE_BLOCK_R, GATED=gate is not None, DIM=logits.shape[1],
+            BLOCK_K=ROUTE_BLOCK_K, PRECISION=dot_precision(logits.dtype), num_warps=4)
     return experts, weights
+
+
+def gate_in_route(n_experts: int, dim: int) -> bool:
+    """Whether ``moe_route`` takes the gate's product too: every row block reads the whole gate
+    weight, cheap for a small model's (the small preset's 8 x 256), not for V4.1's 384 x 5120
+    (cuBLAS's GEMM reads it once a tile). A property of the model, not of the batch."""
+    return n_experts * dim <= GATE_IN_ROUTE_ELEMENTS
 
 
 def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:

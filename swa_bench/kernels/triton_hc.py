@@ -84,10 +84,12 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
 
 
 @triton.jit
-def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, rows, stride_s,
-                    stride_w, stride_out, eps, D: tl.constexpr, HC: tl.constexpr,
-                    OUT: tl.constexpr, OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, GATES: tl.constexpr, PRECISION: tl.constexpr):
+def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, y, y_norm_w,
+                    rows, stride_s, stride_w, stride_out, stride_y, eps, y_eps,
+                    D: tl.constexpr, HC: tl.constexpr, OUT: tl.constexpr,
+                    OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                    GATES: tl.constexpr, PRE: tl.constexpr, NORM: tl.constexpr,
+                    PRECISION: tl.constexpr):
     """``out[r] = dynamic(rms_norm(cat(s_j[r])))`` for a block of ``BLOCK_R`` rows: the norm's
     statistics in fp32 over the ``HC`` streams (one pass), then the normed rows, rounded to the
     streams' dtype as the norm's output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]``
@@ -98,7 +100,12 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
     A block of rows shares each load of ``norm_w`` and ``dyn_w`` (a program per row read them
     once a row: at V4.1-Flash's width 360 KB, the kernel ran at a fifth of the streams' byte
     roofline). A row's sums run over the columns in ``BLOCK_D`` steps whichever rows share its
-    block: batch-invariant."""
+    block: batch-invariant.
+
+    ``PRE`` (with ``GATES``): then ``hc_pre``'s sum with the pre gates, into ``y``, and with
+    ``NORM`` the sublayer's RMSNorm (``y_norm_w``, ``y_eps``) of the rounded sum: the block
+    writes its rounded sums, and after a barrier reads them back (through L2: this program's
+    own writes) to scale them. One launch a sublayer instead of two."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     base = r.to(tl.int64) * stride_s
@@ -143,6 +150,43 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
         gains = tl.where(is_pre[None, :], gate, 2.0 * gate)
     tl.store(out + r.to(tl.int64)[:, None] * stride_out + o[None, :], gains,
              mask=r_ok[:, None] & (o < OUT)[None, :])
+    if PRE:
+        at = r.to(tl.int64)[:, None] * stride_y
+        g0 = _column(gains, o, 0)
+        g1 = _column(gains, o, 1)
+        g2 = _column(gains, o, 2)
+        g3 = _column(gains, o, 3)
+        ssq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        for c0 in range(0, D, BLOCK_D):
+            mask = r_ok[:, None] & (c0 + offs < D)[None, :]
+            acc = _tile(s0, base, c0 + offs, mask) * g0[:, None]
+            if HC > 1:
+                acc += _tile(s1, base, c0 + offs, mask) * g1[:, None]
+            if HC > 2:
+                acc += _tile(s2, base, c0 + offs, mask) * g2[:, None]
+            if HC > 3:
+                acc += _tile(s3, base, c0 + offs, mask) * g3[:, None]
+            x = acc.to(dtype)
+            tl.store(y + at + (c0 + offs)[None, :], x, mask=mask)
+            if NORM:
+                xf = x.to(tl.float32)
+                ssq += xf * xf
+        if NORM:
+            tl.debug_barrier()
+            y_rstd = 1.0 / tl.sqrt(tl.sum(ssq, 1) / D + y_eps)
+            for c0 in range(0, D, BLOCK_D):
+                col_ok = c0 + offs < D
+                mask = r_ok[:, None] & col_ok[None, :]
+                x = tl.load(y + at + (c0 + offs)[None, :], mask=mask, other=0.0,
+                            cache_modifier=".cg").to(tl.float32)
+                scale = tl.load(y_norm_w + c0 + offs, mask=col_ok, other=0.0).to(tl.float32)
+                tl.store(y + at + (c0 + offs)[None, :],
+                         (x * y_rstd[:, None] * scale[None, :]).to(dtype), mask=mask)
+
+
+@triton.jit
+def _column(t, o, j: tl.constexpr):
+    return tl.sum(tl.where(o[None, :] == j, t, 0.0), 1)
 
 
 @triton.jit

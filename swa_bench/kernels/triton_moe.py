@@ -57,17 +57,32 @@ def combine_kernel(Y, SLOT, W, SHARED, Out, dim, stride_y, stride_w, stride_s, s
 
 
 @triton.jit
-def route_kernel(Logits, Experts, Weights, rows, stride_l, E: tl.constexpr,
+def route_kernel(Logits, Gate, Experts, Weights, rows, stride_l, stride_g, E: tl.constexpr,
                  E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                 BLOCK_R: tl.constexpr):
+                 BLOCK_R: tl.constexpr, GATED: tl.constexpr, DIM: tl.constexpr,
+                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """Each row's ``TOP_K`` experts by ``sigmoid(logit)`` in fp32, highest first (the lowest
     index among equal scores), and their scores over the scores' sum: ``MoE.route``'s sigmoid,
-    ``topk`` and normalisation in one pass over the logits."""
+    ``topk`` and normalisation in one pass over the logits. ``GATED``: ``Logits`` holds the
+    token rows ``[T, DIM]`` and the logits are their product with ``Gate [E, DIM]`` (fp32 sums,
+    rounded to the rows' dtype as the gate's linear rounds), the router in one launch."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     e = tl.arange(0, E_PAD)
-    x = tl.load(Logits + r.to(tl.int64)[:, None] * stride_l + e[None, :],
-                mask=r_ok[:, None] & (e < E)[None, :], other=0.0).to(tl.float32)
+    if GATED:
+        k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_R, E_PAD], tl.float32)
+        for k0 in range(0, DIM, BLOCK_K):
+            k_ok = (k0 + k) < DIM
+            a = tl.load(Logits + r.to(tl.int64)[:, None] * stride_l + (k0 + k)[None, :],
+                        mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(Gate + e[:, None] * stride_g + (k0 + k)[None, :],
+                        mask=(e < E)[:, None] & k_ok[None, :], other=0.0)
+            acc = _dot(a, w, acc, PRECISION)
+        x = acc.to(Logits.dtype.element_ty).to(tl.float32)
+    else:
+        x = tl.load(Logits + r.to(tl.int64)[:, None] * stride_l + e[None, :],
+                    mask=r_ok[:, None] & (e < E)[None, :], other=0.0).to(tl.float32)
     scores = tl.where((e < E)[None, :], 1.0 / (1.0 + tl.exp(-x)), -1.0)
     slot = tl.arange(0, K_PAD)
     chosen = tl.zeros([BLOCK_R, K_PAD], tl.int32)
@@ -107,25 +122,30 @@ def sort_pairs_kernel(Pairs, Order, Ends, n, E: tl.constexpr, N_PAD: tl.constexp
 def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, stride_y,
                       N: tl.constexpr, K: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                       TOP_K: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """Row ``r`` of the expert-sorted (token, expert) pairs times its expert's ``W[g].T``.
 
     The group of a row is the number of ``ENDS`` at or below it: a tile visits each group its
     rows span and keeps each row's own. Rows past ``ENDS[G - 1]`` come out zero. ``TOP_K > 0``
     reads row ``r``'s input at ``X[ORDER[r] // TOP_K]`` (the gather into expert order);
     ``SWIGLU``: ``W[g]`` holds gate then up (``2 N`` rows) and the output is ``silu(gate) * up``
-    with ``silu_mul``'s roundings; ``SCATTER`` writes row ``r`` at ``ORDER[r]``. A row's sum runs
+    with ``silu_mul``'s roundings; ``SCATTER`` writes row ``r`` at ``ORDER[r]``. ``DENSE``: one
+    weight (``G`` 1) for every row in order, a plain GEMM (the shared experts). A row's sum runs
     over ``K`` in ``BLOCK_K`` steps whichever rows share its tile: batch-invariant."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    pair = tl.load(ORDER + offs_m, mask=m_ok, other=0).to(tl.int64)
-    src = pair // TOP_K if TOP_K > 0 else offs_m.to(tl.int64)
     offs_g = tl.arange(0, G_PAD)
-    ends = tl.load(ENDS + offs_g, mask=offs_g < G, other=2147483647)
+    if DENSE:  # one group of every row, in order: no ORDER or ENDS
+        pair = offs_m.to(tl.int64)
+        ends = tl.where(offs_g == 0, M, 2147483647)
+    else:
+        pair = tl.load(ORDER + offs_m, mask=m_ok, other=0).to(tl.int64)
+        ends = tl.load(ENDS + offs_g, mask=offs_g < G, other=2147483647)
+    src = pair // TOP_K if TOP_K > 0 else offs_m.to(tl.int64)
     first = tl.program_id(0) * BLOCK_M
     last = tl.minimum(first + BLOCK_M, M) - 1
     g = tl.sum((ends <= first).to(tl.int32), 0)

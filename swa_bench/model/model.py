@@ -29,7 +29,9 @@ from swa_bench.kernels import (
     fused_latents,
     fused_moe,
     fused_rope,
+    gate_in_route,
     hc_gains,
+    hc_gated_pre,
     hc_post,
     hc_pre,
     hc_pre_folds_norm,
@@ -162,18 +164,20 @@ class HyperConnection(nn.Module):
         """The sublayer's input, normed by ``norm`` when given, and the ``post`` gains."""
         if self.hc == 1:
             return (streams[0] if norm is None else norm(streams[0])), None
-        if fused_hc(streams):  # the gains and their gates in one kernel, the sum in another
+        if fused_hc(streams):
+            statics = (self.static_pre, self.static_post)
+            if hc_pre_folds_norm(streams[0].shape[1]):  # narrow rows: gates, sum, norm at once
+                return hc_gated_pre(streams, self.norm.weight, self.dynamic.weight,
+                                    self.norm.eps, statics,
+                                    None if norm is None else (norm.weight, norm.eps))
             gates = hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps,
-                             (self.static_pre, self.static_post))
-            pre, post = gates[:, : self.hc], gates[:, self.hc :]
-            if norm is not None and hc_pre_folds_norm(streams[0].shape[1]):
-                return hc_pre(streams, pre, (norm.weight, norm.eps)), post
-            x = hc_pre(streams, pre)
-        else:
-            gains = self.gains(streams)
-            pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
-            post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-            x = weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)])
+                             statics)  # the gates in one kernel, the sum in another
+            x = hc_pre(streams, gates[:, : self.hc])
+            return (x if norm is None else norm(x)), gates[:, self.hc :]
+        gains = self.gains(streams)
+        pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
+        post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
+        x = weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)])
         return (x if norm is None else norm(x)), post
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
@@ -487,7 +491,9 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights (``fused``:
-        in one kernel, ``moe_route``)."""
+        in one kernel, ``moe_route``, with the gate's product where ``gate_in_route``)."""
+        if fused and gate_in_route(*self.gate.weight.shape):
+            return moe_route(x, self.top_k, self.gate.weight)
         logits = self.gate(x)
         if fused:
             return moe_route(logits, self.top_k)
@@ -529,6 +535,9 @@ class MoE(nn.Module):
     def shared_experts(self, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
         if self.shared_w13 is None:
             return None
+        if fused and not native_grouped_mm(x):  # the GEMM and the SwiGLU in one launch
+            return self.shared_w2(expert_gemm(x, self.shared_w13.weight[None], None, None,
+                                              swiglu=True))
         h = self.shared_w13(x)
         if fused:
             return self.shared_w2(silu_mul(h))

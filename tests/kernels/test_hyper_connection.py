@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swa_bench.kernels import hc_gains, hc_post, hc_pre
+from swa_bench.kernels import hc_gains, hc_gated_pre, hc_post, hc_pre
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model, sinkhorn, weighted_sum
 
@@ -195,3 +195,60 @@ def test_pre_folds_the_sublayers_norm(interpreter, dtype):
     wide, _, pre_wide, _, _ = problem(2, 2048, 2, dtype)
     with pytest.raises(ValueError, match="at most"):
         hc_pre(wide, pre_wide, (torch.ones(2048, dtype=dtype), 1e-6))
+
+
+def oracle_gated_pre(streams, norm_w, dyn_w, static, norm):
+    """The oracle's gains, their gates in float64, the pre sum and ``F.rms_norm`` of it."""
+    hc = len(streams)
+    g = oracle_gains(streams, norm_w, dyn_w, 1e-6).double()
+    pre = torch.sigmoid(g[:, :hc] + static[0].double()).float()
+    post = (2 * torch.sigmoid(g[:, hc:] + static[1].double())).float()
+    x = oracle_pre(streams, pre)
+    if norm is not None:
+        x = torch.nn.functional.rms_norm(x, (x.shape[1],), norm[0], norm[1])
+    return x, post
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "dim", "hc", "normed"),
+                         [(21, 200, 4, True), (5, 1024, 2, True), (3, 96, 4, False)])
+def test_gated_pre_is_the_gates_then_the_sum_then_the_norm(interpreter, dtype, rows, dim, hc,
+                                                           normed):
+    """One launch against the oracle's three steps: two row blocks (one partial), a row of
+    four column steps, the norm left out; wider rows refused. (Batch invariance is the CUDA
+    test's: the interpreter's matrix product, numpy's, is not batch-invariant.)"""
+    streams, norm_w, dyn_w = gains_problem(rows, dim, hc, dtype, seed=dim)
+    g = torch.Generator().manual_seed(1)
+    static = torch.randn(2, hc, generator=g).to(dtype)
+    norm = ((torch.rand(dim, generator=g) + 0.5).to(dtype), 1e-6) if normed else None
+    x, post = hc_gated_pre(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
+    want_x, want_post = oracle_gated_pre(streams, norm_w, dyn_w, static, norm)
+    assert_gains_close(post, want_post, dtype)
+    # The gates agree to 2e-5 (fp32) or a bf16 step; their sum of four O(1) streams then
+    # the norm's and the sum's roundings.
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2 ** -5}[dtype]
+    torch.testing.assert_close(x.float(), want_x.float(), rtol=tol, atol=tol)
+    wide, norm_w, dyn_w = gains_problem(2, 2048, 2, dtype)
+    with pytest.raises(ValueError, match="at most"):
+        hc_gated_pre(wide, norm_w, dyn_w, 1e-6, (static[0, :2], static[1, :2]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gated_pre_on_cuda(dtype):
+    """The small preset's width and the widest rows it takes, against the oracle; the rows
+    read back after the barrier are the block's own (a block of 16 rows, then a partial one)."""
+    for rows, dim in ((104, 256), (37, 1024)):
+        streams, norm_w, dyn_w = gains_problem(rows, dim, 4, dtype, device="cuda", seed=dim)
+        static = torch.randn(2, 4, device="cuda").to(dtype)
+        norm = (torch.rand(dim, device="cuda").add(0.5).to(dtype), 1e-6)
+        x, post = hc_gated_pre(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
+        want_x, want_post = oracle_gated_pre([s.cpu() for s in streams], norm_w.cpu(),
+                                             dyn_w.cpu(), static.cpu(),
+                                             (norm[0].cpu(), 1e-6))
+        assert_gains_close(post.cpu(), want_post, dtype)
+        tol = {torch.float32: 1e-4, torch.bfloat16: 2 ** -5}[dtype]
+        torch.testing.assert_close(x.cpu().float(), want_x.float(), rtol=tol, atol=tol)
+        part_x, _ = hc_gated_pre([s[16:40] for s in streams], norm_w, dyn_w, 1e-6,
+                                 (static[0], static[1]), norm)
+        assert torch.equal(part_x, x[16:40])

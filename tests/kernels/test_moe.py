@@ -102,6 +102,32 @@ def test_route_is_the_sigmoid_top_k_normalised(interpreter, rows, experts, k, dt
     torch.testing.assert_close(weights.double(), want_weights, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(("rows", "experts", "dim", "dtype"),
+                         [(37, 10, 100, torch.float32), (5, 8, 256, torch.bfloat16)])
+def test_route_with_the_gate_is_the_route_of_the_gates_logits(interpreter, rows, experts, dim,
+                                                              dtype):
+    """The gate's product in the routing launch: the oracle's route of the logits computed in
+    float64 and rounded to the dtype as the gate's linear rounds them (dims off the block)."""
+    g = torch.Generator().manual_seed(dim)
+    x = torch.randn(rows, dim, generator=g).to(dtype)
+    gate = (torch.randn(experts, dim, generator=g) * dim ** -0.5).to(dtype)
+    chosen, weights = moe_route(x, 3, gate)
+    want_chosen, want_weights = oracle_route((x.double() @ gate.double().T).to(dtype), 3)
+    assert torch.equal(chosen, want_chosen)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # a logit one bf16 step off
+    torch.testing.assert_close(weights.double(), want_weights, rtol=tol, atol=tol)
+
+
+def test_dense_expert_gemm_is_every_rows_swiglu(interpreter):
+    """Without an order (the shared experts): one weight for every row in order."""
+    pairs, order, ends, x, w13, w2 = expert_problem(37, 1, 1, 96, 40, torch.float32)
+    want_a, _ = oracle_experts(x, pairs, order, 1, w13, w2)
+    a = expert_gemm(x, w13, None, None, swiglu=True)
+    torch.testing.assert_close(a.double(), want_a, rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="one weight"):
+        expert_gemm(x, torch.cat([w13, w13]), None, None, swiglu=True)
+
+
 def oracle_sort(experts, n_experts):
     """Expert by expert, its pairs in pair order, and the running count of rows."""
     pairs = experts.flatten().tolist()
@@ -251,6 +277,15 @@ def test_expert_gemm_on_cuda(dtype):
         tol = {torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
         torch.testing.assert_close(a.cpu().double(), want_a, rtol=tol, atol=tol)
         torch.testing.assert_close(y.cpu().double(), want_y, rtol=tol, atol=tol)
+        dense = expert_gemm(x, w13[:1], None, None, swiglu=True)  # the shared experts' form
+        want_dense, _ = oracle_experts(x.cpu(), torch.zeros(tokens, dtype=torch.long),
+                                       torch.arange(tokens), 1, w13[:1].cpu(), w2[:1].cpu())
+        torch.testing.assert_close(dense.cpu().double(), want_dense, rtol=tol, atol=tol)
+        gate = w2[:, :, 0].contiguous()  # [experts, dim]: a gate in the routing launch
+        chosen, _ = moe_route(x, k, gate)
+        logits = (x.cpu().double() @ gate.cpu().double().T).to(dtype)
+        agree = (chosen.cpu() == oracle_route(logits, k)[0]).all(1).float().mean()
+        assert agree > 0.99  # near-ties may pick the other expert at the logits' last bit
 
 
 @pytest.mark.cuda
