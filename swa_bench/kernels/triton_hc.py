@@ -150,38 +150,38 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
         gains = tl.where(is_pre[None, :], gate, 2.0 * gate)
     tl.store(out + r.to(tl.int64)[:, None] * stride_out + o[None, :], gains,
              mask=r_ok[:, None] & (o < OUT)[None, :])
-    if PRE:
+    if PRE:  # loop variables named apart from the gains loops': Triton carries a name's type
         at = r.to(tl.int64)[:, None] * stride_y
         g0 = _column(gains, o, 0)
         g1 = _column(gains, o, 1)
         g2 = _column(gains, o, 2)
         g3 = _column(gains, o, 3)
         ssq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-        for c0 in range(0, D, BLOCK_D):
-            mask = r_ok[:, None] & (c0 + offs < D)[None, :]
-            acc = _tile(s0, base, c0 + offs, mask) * g0[:, None]
+        for p0 in range(0, D, BLOCK_D):
+            pre_mask = r_ok[:, None] & (p0 + offs < D)[None, :]
+            total = _tile(s0, base, p0 + offs, pre_mask) * g0[:, None]
             if HC > 1:
-                acc += _tile(s1, base, c0 + offs, mask) * g1[:, None]
+                total += _tile(s1, base, p0 + offs, pre_mask) * g1[:, None]
             if HC > 2:
-                acc += _tile(s2, base, c0 + offs, mask) * g2[:, None]
+                total += _tile(s2, base, p0 + offs, pre_mask) * g2[:, None]
             if HC > 3:
-                acc += _tile(s3, base, c0 + offs, mask) * g3[:, None]
-            x = acc.to(dtype)
-            tl.store(y + at + (c0 + offs)[None, :], x, mask=mask)
+                total += _tile(s3, base, p0 + offs, pre_mask) * g3[:, None]
+            summed = total.to(dtype)
+            tl.store(y + at + (p0 + offs)[None, :], summed, mask=pre_mask)
             if NORM:
-                xf = x.to(tl.float32)
-                ssq += xf * xf
+                summed_f = summed.to(tl.float32)
+                ssq += summed_f * summed_f
         if NORM:
             tl.debug_barrier()
             y_rstd = 1.0 / tl.sqrt(tl.sum(ssq, 1) / D + y_eps)
-            for c0 in range(0, D, BLOCK_D):
-                col_ok = c0 + offs < D
-                mask = r_ok[:, None] & col_ok[None, :]
-                x = tl.load(y + at + (c0 + offs)[None, :], mask=mask, other=0.0,
-                            cache_modifier=".cg").to(tl.float32)
-                scale = tl.load(y_norm_w + c0 + offs, mask=col_ok, other=0.0).to(tl.float32)
-                tl.store(y + at + (c0 + offs)[None, :],
-                         (x * y_rstd[:, None] * scale[None, :]).to(dtype), mask=mask)
+            for n0 in range(0, D, BLOCK_D):
+                n_ok = n0 + offs < D
+                norm_mask = r_ok[:, None] & n_ok[None, :]
+                back = tl.load(y + at + (n0 + offs)[None, :], mask=norm_mask, other=0.0,
+                               cache_modifier=".cg").to(tl.float32)
+                y_w = tl.load(y_norm_w + n0 + offs, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(y + at + (n0 + offs)[None, :],
+                         (back * y_rstd[:, None] * y_w[None, :]).to(dtype), mask=norm_mask)
 
 
 @triton.jit
