@@ -1,7 +1,8 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
 the indexer's scores without its per-head intermediate, the routed experts' grouped GEMM where
 ``torch._grouped_mm`` does not run, and the mHC stream sums, the MoE's routing, the routed
-experts' elementwise steps, the attention latents' norms and RoPE in one pass each.
+experts' elementwise steps, the attention latents' norms and RoPE, and the window keys' row
+index in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
 tested against; ``attention_backend`` decides, in one place, which one runs.
@@ -29,9 +30,11 @@ from swa_bench.kernels.moe import (
 )
 from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
+from swa_bench.kernels.window_index import window_index_rows
 
 __all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_latents",
            "fused_moe", "fused_rope", "gate_in_route", "hc_gains", "hc_gated_pre", "hc_post",
            "hc_pre", "hc_pre_folds_norm", "index_score_flops", "index_scores_fused",
            "moe_combine", "moe_route", "moe_sort", "mqa_attention", "mqa_attention_flops",
-           "norm_latents", "rope_", "silu_mul", "tile_config", "triton_available"]
+           "norm_latents", "rope_", "silu_mul", "tile_config", "triton_available",
+           "window_index_rows"]

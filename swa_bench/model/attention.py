@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import attention_backend, mqa_attention
+from swa_bench.kernels import attention_backend, mqa_attention, window_index_rows
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout
 from swa_bench.model.cache import KVCache
@@ -87,6 +87,10 @@ def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.
 
 
 def _window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
+    if attention_backend(meta.positions.device) == "triton":
+        return window_index_rows(meta.positions, meta.row_request, meta.kv_first_pos,
+                                 meta.kv_row_start, meta.cache_index, meta.window_start,
+                                 ring_rows, window)
     req = meta.row_request
     kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
     first = meta.kv_first_pos[req][:, None]
