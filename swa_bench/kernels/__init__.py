@@ -14,6 +14,7 @@ from swa_bench.kernels.hyper_connection import (
     hc_gains,
     hc_gated_pre,
     hc_post,
+    hc_post_gated_pre,
     hc_pre,
     hc_pre_folds_norm,
 )
@@ -34,7 +35,7 @@ from swa_bench.kernels.window_index import window_index_rows
 
 __all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_latents",
            "fused_moe", "fused_rope", "gate_in_route", "hc_gains", "hc_gated_pre", "hc_post",
-           "hc_pre", "hc_pre_folds_norm", "index_score_flops", "index_scores_fused",
-           "moe_combine", "moe_route", "moe_sort", "mqa_attention", "mqa_attention_flops",
-           "norm_latents", "rope_", "silu_mul", "tile_config", "triton_available",
-           "window_index_rows"]
+           "hc_post_gated_pre", "hc_pre", "hc_pre_folds_norm", "index_score_flops",
+           "index_scores_fused", "moe_combine", "moe_route", "moe_sort", "mqa_attention",
+           "mqa_attention_flops", "norm_latents", "rope_", "silu_mul", "tile_config",
+           "triton_available", "window_index_rows"]

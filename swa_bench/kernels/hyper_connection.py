@@ -1,5 +1,6 @@
 """``hc_gains``, ``hc_pre`` and ``hc_post``: the mHC gains and stream sums in one pass each
-(Triton), for up to four streams; ``hc_gated_pre``: the gains and the pre sum in one launch.
+(Triton), for up to four streams; ``hc_gated_pre``: the gains and the pre sum in one launch,
+``hc_post_gated_pre``: with the previous sublayer's post before them.
 
 The model calls them when ``attention_backend`` picks Triton and no gradient is wanted (they have
 no backward: training uses the PyTorch path); ``model.weighted_sum`` stays the CPU path and the
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
+from swa_bench.kernels.launch import launch
 
 MAX_STREAMS = 4
 BLOCK_D = 1024
@@ -61,7 +63,7 @@ def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor,
     gains = gains if gains.dtype == torch.float32 else gains.float()
     s = _padded(streams)
     norm_w, eps = norm if norm is not None else (gains, 0.0)
-    triton_hc.hc_pre_kernel[_grid(rows, dim)](
+    launch(triton_hc.hc_pre_kernel, _grid(rows, dim),
         *s, gains, y, norm_w, s[0].stride(0), gains.stride(0), y.stride(0), dim, eps,
         HC=len(streams), BLOCK_D=BLOCK_D, NORM=norm is not None, num_warps=4)
     return y
@@ -81,7 +83,7 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
     post = post if post.dtype == torch.float32 else post.float()
     mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else mix.float().contiguous()
     s, y = _padded(streams), _padded(ys)
-    triton_hc.hc_post_kernel[_grid(rows, dim)](
+    launch(triton_hc.hc_post_kernel, _grid(rows, dim),
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
         dim, HC=hc, BLOCK_D=BLOCK_D, num_warps=4)
     return ys
@@ -123,19 +125,48 @@ def hc_gated_pre(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     return y, gates[:, hc:]
 
 
-def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None):
+def hc_post_gated_pre(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tensor,
+                      mix: torch.Tensor, norm_weight: torch.Tensor, dyn_weight: torch.Tensor,
+                      eps: float, statics: tuple[torch.Tensor, torch.Tensor],
+                      norm: tuple[torch.Tensor, float] | None = None
+                      ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+    """``hc_post`` of one sublayer (``streams``, its ``out``, ``post`` gains, ``mix``) and
+    ``hc_gated_pre`` of the next on the new streams, in one launch, for rows where
+    ``hc_pre_folds_norm``: the new streams, the next sublayer's input and its post gates."""
+    rows, dim = streams[0].shape
+    if not hc_pre_folds_norm(dim):
+        raise ValueError(f"hc_post_gated_pre takes rows of at most {BLOCK_D}, got {dim}")
+    hc = len(streams)
+    ys = streams[0].new_empty(hc, rows, dim).unbind(0)
+    gates = torch.empty(rows, 2 * hc, dtype=torch.float32, device=streams[0].device)
+    x = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
+    if rows:
+        out = out if out.stride(-1) == 1 else out.contiguous()
+        post = post if post.dtype == torch.float32 else post.float()
+        mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else (
+            mix.float().contiguous())
+        _launch_gains(streams, norm_weight, dyn_weight, eps, statics, gates, x, norm,
+                      (out, post, mix, ys))
+    return ys, x, gates[:, hc:]
+
+
+def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None,
+                  post_of=None):
     from swa_bench.kernels import triton_hc
 
     rows, dim = streams[0].shape
     dyn_weight = dyn_weight if dyn_weight.stride(-1) == 1 else dyn_weight.contiguous()
     static_pre, static_post = statics if statics is not None else (out, out)
     y_norm_w, y_eps = norm if norm is not None else (out, 0.0)
-    s = _padded(streams)
-    triton_hc.hc_gains_kernel[(-(-rows // GAINS_BLOCK_R),)](
+    sub_out, post, mix, ys = post_of if post_of is not None else (out, out, out, streams)
+    s, n = _padded(streams), _padded(ys)
+    launch(triton_hc.hc_gains_kernel, (-(-rows // GAINS_BLOCK_R),),
         *s, norm_weight, dyn_weight, static_pre, static_post, out, out if y is None else y,
-        y_norm_w, rows, s[0].stride(0), dyn_weight.stride(0), out.stride(0),
-        0 if y is None else y.stride(0), eps, y_eps, D=dim, HC=len(streams),
-        OUT=dyn_weight.shape[0], OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])),
-        BLOCK_R=GAINS_BLOCK_R, BLOCK_D=GAINS_BLOCK_D, GATES=statics is not None,
-        PRE=y is not None, NORM=norm is not None, PRECISION=dot_precision(streams[0].dtype),
-        num_warps=4, num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32: smem
+        y_norm_w, sub_out, post, mix, *n, rows, s[0].stride(0), dyn_weight.stride(0),
+        out.stride(0), 0 if y is None else y.stride(0), sub_out.stride(0), post.stride(0),
+        n[0].stride(0), eps, y_eps, D=dim, HC=len(streams), OUT=dyn_weight.shape[0],
+        OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])), BLOCK_R=GAINS_BLOCK_R,
+        BLOCK_D=GAINS_BLOCK_D, GATES=statics is not None, PRE=y is not None,
+        NORM=norm is not None, POST=post_of is not None,
+        PRECISION=dot_precision(streams[0].dtype), num_warps=4,
+        num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory

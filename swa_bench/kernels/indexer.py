@@ -18,6 +18,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from swa_bench.kernels.config import call_op, dot_precision, next_pow2
+from swa_bench.kernels.launch import launch
 
 BLOCK_M = 64  # rows a program scores; fixed, so the work (and its FLOPs) never follow the batch
 BLOCK_N = 128
@@ -46,7 +47,7 @@ def _index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
     q = q if q.stride(-1) == 1 else q.contiguous()
     keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     grid = (-(-rows // BLOCK_M), -(-n // BLOCK_N))
-    triton_indexer.index_scores_kernel[grid](
+    launch(triton_indexer.index_scores_kernel, grid,
         q, weights, keys, out, rows, n, first_pos,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), out.stride(0),
         RATIO=ratio, H=heads, D=d, BLOCK_D=max(16, next_pow2(d)),

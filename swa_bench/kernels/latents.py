@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from swa_bench.kernels.config import inference_kernels, next_pow2
+from swa_bench.kernels.launch import launch
 
 MAX_WIDTH = 4096  # features of a latent one program holds
 
@@ -40,7 +41,7 @@ def norm_latents(h: torch.Tensor, q_dim: int, q_norm: tuple[torch.Tensor, float]
     if rows:
         h = h if h.stride(-1) == 1 else h.contiguous()
         half = rope_dim // 2
-        triton_latents.latents_kernel[(rows,)](
+        launch(triton_latents.latents_kernel, (rows,),
             h, q_norm[0], kv_norm[0], positions, cos_table, sin_table, q, kv,
             kv if latent is None else latent, h.stride(0), q.stride(0), kv.stride(0), q_dim,
             kv_dim, kv_dim - rope_dim, half, q_norm[1], kv_norm[1],

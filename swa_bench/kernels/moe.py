@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
+from swa_bench.kernels.launch import launch
 
 BLOCK = 1024
 GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
@@ -37,7 +38,7 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     h = h if h.stride(-1) == 1 else h.contiguous()
     a = h.new_empty(rows, inter)
     if rows:
-        triton_moe.silu_mul_kernel[(rows, -(-inter // BLOCK))](
+        launch(triton_moe.silu_mul_kernel, (rows, -(-inter // BLOCK)),
             h, a, inter, h.stride(0), a.stride(0), BLOCK=BLOCK, num_warps=4)
     return a
 
@@ -64,7 +65,7 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
     y = x.new_empty(rows, n)
     if rows:
         grid = (-(-rows // GEMM_BLOCK_M), -(-n // GEMM_BLOCK_N))
-        triton_moe.grouped_mm_kernel[grid](
+        launch(triton_moe.grouped_mm_kernel, grid,
             x, x if dense else order, w, x if dense else ends, y, rows, x.stride(0),
             w.stride(0), w.stride(1), y.stride(0), N=n, K=k, G=groups,
             G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu, SCATTER=scatter,
@@ -89,7 +90,7 @@ def moe_route(logits: torch.Tensor, top_k: int, gate: torch.Tensor | None = None
         logits = logits if logits.stride(-1) == 1 else logits.contiguous()
         if gate is not None:
             gate = gate if gate.stride(-1) == 1 else gate.contiguous()
-        triton_moe.route_kernel[(-(-rows // ROUTE_BLOCK_R),)](
+        launch(triton_moe.route_kernel, (-(-rows // ROUTE_BLOCK_R),),
             logits, logits if gate is None else gate, experts, weights, rows, logits.stride(0),
             0 if gate is None else gate.stride(0), E=n_experts,
             E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
@@ -121,7 +122,7 @@ def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch
         return order, torch.searchsorted(pairs[order], bounds, out_int32=True)
     order = torch.empty(n, dtype=torch.long, device=pairs.device)
     ends = torch.empty(n_experts, dtype=torch.int32, device=pairs.device)
-    triton_moe.sort_pairs_kernel[(1,)](
+    launch(triton_moe.sort_pairs_kernel, (1,),
         pairs, order, ends, n, E=n_experts, N_PAD=max(16, next_pow2(n)),
         BINS=max(16, next_pow2(n_experts + 1)), num_warps=4)
     return order, ends
@@ -147,7 +148,7 @@ def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tens
     if t:
         y = y if y.stride(-1) == 1 else y.contiguous()
         add = shared if shared is not None else y
-        triton_moe.combine_kernel[(t, -(-y.shape[1] // BLOCK))](
+        launch(triton_moe.combine_kernel, (t, -(-y.shape[1] // BLOCK)),
             y, y if slot is None else slot, weights, add, out, y.shape[1], y.stride(0),
             weights.stride(0), add.stride(0), out.stride(0), K=k, SLOTTED=slot is not None,
             ADD=shared is not None, BLOCK=BLOCK, num_warps=4)

@@ -19,6 +19,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from swa_bench.kernels.config import TileConfig, call_op, dot_precision, next_pow2, tile_config
+from swa_bench.kernels.launch import launch
 
 
 def _mqa_attention(
@@ -48,7 +49,7 @@ def _mqa_attention(
     kv_b, idx_b = (kv_b, idx_b) if has_b else (kv_a, idx_a)
     kv_c, c_start, c_count = (kv_c, c_start, c_count) if has_c else (kv_a, idx_a, idx_a)
     q = q if q.stride(-1) == 1 else q.contiguous()
-    triton_mqa.mqa_attention_kernel[(t, block_d // block_dv)](
+    launch(triton_mqa.mqa_attention_kernel, (t, block_d // block_dv),
         q, out, sink,
         kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

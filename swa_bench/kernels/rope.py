@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from swa_bench.kernels.config import inference_kernels, next_pow2
+from swa_bench.kernels.launch import launch
 
 
 def fused_rope(x: torch.Tensor) -> bool:
@@ -29,7 +30,7 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
     heads = x.shape[1] if x.dim() == 3 else 1
     stride_h = x.stride(1) if x.dim() == 3 else 0
     half = rope_dim // 2
-    triton_rope.rope_kernel[(rows,)](
+    launch(triton_rope.rope_kernel, (rows,),
         x, positions, cos_table, sin_table, x.stride(0), stride_h, heads,
         x.shape[-1] - rope_dim, half, BLOCK_H=next_pow2(heads), BLOCK_HALF=next_pow2(half),
         num_warps=4)

@@ -85,10 +85,11 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
 
 @triton.jit
 def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out, y, y_norm_w,
-                    rows, stride_s, stride_w, stride_out, stride_y, eps, y_eps,
-                    D: tl.constexpr, HC: tl.constexpr, OUT: tl.constexpr,
-                    OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                    GATES: tl.constexpr, PRE: tl.constexpr, NORM: tl.constexpr,
+                    sub_out, post, mix, n0, n1, n2, n3, rows, stride_s, stride_w, stride_out,
+                    stride_y, stride_o, stride_p, stride_n, eps, y_eps, D: tl.constexpr,
+                    HC: tl.constexpr, OUT: tl.constexpr, OUT_PAD: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GATES: tl.constexpr,
+                    PRE: tl.constexpr, NORM: tl.constexpr, POST: tl.constexpr,
                     PRECISION: tl.constexpr):
     """``out[r] = dynamic(rms_norm(cat(s_j[r])))`` for a block of ``BLOCK_R`` rows: the norm's
     statistics in fp32 over the ``HC`` streams (one pass), then the normed rows, rounded to the
@@ -105,25 +106,55 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
     ``PRE`` (with ``GATES``): then ``hc_pre``'s sum with the pre gates, into ``y``, and with
     ``NORM`` the sublayer's RMSNorm (``y_norm_w``, ``y_eps``) of the rounded sum: the block
     writes its rounded sums, and after a barrier reads them back (through L2: this program's
-    own writes) to scale them. One launch a sublayer instead of two."""
+    own writes) to scale them. One launch a sublayer instead of two.
+
+    ``POST``: first the previous sublayer's ``hc_post``: the streams ``s_j`` are the old ones,
+    ``n_j[r] = post[r, j] * sub_out[r] + sum_i mix[j, i] * s_i[r]`` (``hc_post_kernel``'s sums,
+    rounded as it rounds) are written, and after a barrier everything above reads ``n_j``:
+    three launches between two sublayers become one."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     base = r.to(tl.int64) * stride_s
     offs = tl.arange(0, BLOCK_D)
     sq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for c0 in range(0, D, BLOCK_D):
-        mask = r_ok[:, None] & (c0 + offs < D)[None, :]
-        x = _tile(s0, base, c0 + offs, mask)
-        sq += x * x
+    if POST:
+        base_o = r.to(tl.int64) * stride_o
+        base_n = r.to(tl.int64) * stride_n
+        p_row = post + r.to(tl.int64) * stride_p
+        p0 = tl.load(p_row, mask=r_ok, other=0.0)
+        p1 = p0
+        p2 = p0
+        p3 = p0
         if HC > 1:
-            x = _tile(s1, base, c0 + offs, mask)
-            sq += x * x
+            p1 = tl.load(p_row + 1, mask=r_ok, other=0.0)
         if HC > 2:
-            x = _tile(s2, base, c0 + offs, mask)
-            sq += x * x
+            p2 = tl.load(p_row + 2, mask=r_ok, other=0.0)
         if HC > 3:
-            x = _tile(s3, base, c0 + offs, mask)
+            p3 = tl.load(p_row + 3, mask=r_ok, other=0.0)
+        for q0 in range(0, D, BLOCK_D):
+            post_mask = r_ok[:, None] & (q0 + offs < D)[None, :]
+            sq = _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n,
+                             q0 + offs, post_mask, p0, p1, p2, p3, mix, sq, HC)
+        tl.debug_barrier()
+        s0 = n0
+        s1 = n1
+        s2 = n2
+        s3 = n3
+        base = base_n
+    else:
+        for c0 in range(0, D, BLOCK_D):
+            mask = r_ok[:, None] & (c0 + offs < D)[None, :]
+            x = _tile(s0, base, c0 + offs, mask)
             sq += x * x
+            if HC > 1:
+                x = _tile(s1, base, c0 + offs, mask)
+                sq += x * x
+            if HC > 2:
+                x = _tile(s2, base, c0 + offs, mask)
+                sq += x * x
+            if HC > 3:
+                x = _tile(s3, base, c0 + offs, mask)
+                sq += x * x
     rstd = 1.0 / tl.sqrt(tl.sum(sq, 1) / (HC * D) + eps)
     o = tl.arange(0, OUT_PAD)
     acc = tl.zeros([BLOCK_R, OUT_PAD], tl.float32)
@@ -182,6 +213,55 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
                 y_w = tl.load(y_norm_w + n0 + offs, mask=n_ok, other=0.0).to(tl.float32)
                 tl.store(y + at + (n0 + offs)[None, :],
                          (back * y_rstd[:, None] * y_w[None, :]).to(dtype), mask=norm_mask)
+
+
+@triton.jit
+def _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n, cols, mask,
+                p0, p1, p2, p3, mix, sq, HC: tl.constexpr):
+    """A column step of ``hc_post`` for a block of rows: the new streams' tiles written, and
+    their squares (rounded values) added to ``sq`` stream by stream, as the gains' statistics
+    add them."""
+    o = _tile(sub_out, base_o, cols, mask)
+    x0 = _tile(s0, base, cols, mask)
+    x1 = _tile(s1, base, cols, mask) if HC > 1 else x0
+    x2 = _tile(s2, base, cols, mask) if HC > 2 else x0
+    x3 = _tile(s3, base, cols, mask) if HC > 3 else x0
+    dtype = n0.dtype.element_ty
+    at = base_n[:, None] + cols[None, :]
+    v = _post_tile(o, x0, x1, x2, x3, p0, mix, 0, HC).to(dtype)
+    tl.store(n0 + at, v, mask=mask)
+    vf = v.to(tl.float32)
+    sq += vf * vf
+    if HC > 1:
+        v = _post_tile(o, x0, x1, x2, x3, p1, mix, 1, HC).to(dtype)
+        tl.store(n1 + at, v, mask=mask)
+        vf = v.to(tl.float32)
+        sq += vf * vf
+    if HC > 2:
+        v = _post_tile(o, x0, x1, x2, x3, p2, mix, 2, HC).to(dtype)
+        tl.store(n2 + at, v, mask=mask)
+        vf = v.to(tl.float32)
+        sq += vf * vf
+    if HC > 3:
+        v = _post_tile(o, x0, x1, x2, x3, p3, mix, 3, HC).to(dtype)
+        tl.store(n3 + at, v, mask=mask)
+        vf = v.to(tl.float32)
+        sq += vf * vf
+    return sq
+
+
+@triton.jit
+def _post_tile(o, x0, x1, x2, x3, p, mix, i: tl.constexpr, HC: tl.constexpr):
+    """``_post_one`` for a block of rows (``p``: each row's gain of output ``i``)."""
+    acc = o * p[:, None]
+    acc += x0 * tl.load(mix + i * HC)
+    if HC > 1:
+        acc += x1 * tl.load(mix + i * HC + 1)
+    if HC > 2:
+        acc += x2 * tl.load(mix + i * HC + 2)
+    if HC > 3:
+        acc += x3 * tl.load(mix + i * HC + 3)
+    return acc
 
 
 @triton.jit

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from swa_bench.kernels.config import next_pow2
+from swa_bench.kernels.launch import launch
 
 BLOCK_ROWS = 32
 
@@ -30,7 +31,7 @@ def window_index_rows(positions: torch.Tensor, row_request: torch.Tensor,
     rows = positions.shape[0]
     out = torch.empty(rows, window, dtype=torch.long, device=positions.device)
     if rows:
-        triton_window_index.window_index_kernel[(-(-rows // BLOCK_ROWS),)](
+        launch(triton_window_index.window_index_kernel, (-(-rows // BLOCK_ROWS),),
             positions, row_request, kv_first_pos, kv_row_start, cache_index, window_start, out,
             rows, ring_rows, WINDOW=window, BLOCK_W=next_pow2(window), BLOCK_R=BLOCK_ROWS,
             num_warps=4)

@@ -33,6 +33,7 @@ from swa_bench.kernels import (
     hc_gains,
     hc_gated_pre,
     hc_post,
+    hc_post_gated_pre,
     hc_pre,
     hc_pre_folds_norm,
     moe_combine,
@@ -179,6 +180,20 @@ class HyperConnection(nn.Module):
         post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
         x = weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)])
         return (x if norm is None else norm(x)), post
+
+    def post_then_pre(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None,
+                      nxt: HyperConnection, norm: RMSNorm
+                      ) -> tuple[Streams, torch.Tensor, torch.Tensor | None]:
+        """``post`` of this sublayer, then ``nxt.pre(new streams, norm)``: the new streams, the
+        next sublayer's input and its post gains. One launch instead of three where the fused
+        kernels take the streams and a program holds a row (``hc_pre_folds_norm``)."""
+        if (self.hc > 1 and hc_pre_folds_norm(streams[0].shape[1])
+                and fused_hc(streams, out)):
+            return hc_post_gated_pre(
+                streams, out, post, self.mixing(), nxt.norm.weight, nxt.dynamic.weight,
+                nxt.norm.eps, (nxt.static_pre, nxt.static_post), (norm.weight, norm.eps))
+        streams = self.post(streams, out, post)
+        return (streams, *nxt.pre(streams, norm))
 
     def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
         if self.hc == 1:
@@ -585,8 +600,8 @@ class Block(nn.Module):
         post: torch.Tensor | None,
         kv: torch.Tensor | None = None,
     ) -> Streams:
-        streams = self.attn_hc.post(streams, self.attn(x, kv), post)
-        h, post = self.ffn_hc.pre(streams, self.ffn_norm)
+        streams, h, post = self.attn_hc.post_then_pre(streams, self.attn(x, kv), post,
+                                                      self.ffn_hc, self.ffn_norm)
         return self.ffn_hc.post(streams, self.moe(h), post)
 
 

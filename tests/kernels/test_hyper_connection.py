@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swa_bench.kernels import hc_gains, hc_gated_pre, hc_post, hc_pre
+from swa_bench.kernels import hc_gains, hc_gated_pre, hc_post, hc_post_gated_pre, hc_pre
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model, sinkhorn, weighted_sum
 
@@ -252,3 +252,69 @@ def test_gated_pre_on_cuda(dtype):
         part_x, _ = hc_gated_pre([s[16:40] for s in streams], norm_w, dyn_w, 1e-6,
                                  (static[0], static[1]), norm)
         assert torch.equal(part_x, x[16:40])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "dim", "hc"), [(21, 200, 4), (5, 96, 2)])
+def test_post_then_gated_pre_is_the_post_then_the_next_pre(interpreter, dtype, rows, dim, hc):
+    """One launch against the oracle's post (``weighted_sum``) and then the next sublayer's
+    gates, sum and norm on the oracle's new streams."""
+    streams, out, _, post, mix = problem(rows, dim, hc, dtype, seed=dim)
+    _, norm_w, dyn_w = gains_problem(rows, dim, hc, dtype, seed=hc)
+    g = torch.Generator().manual_seed(2)
+    static = torch.randn(2, hc, generator=g).to(dtype)
+    norm = ((torch.rand(dim, generator=g) + 0.5).to(dtype), 1e-6)
+    new, x, next_post = hc_post_gated_pre(streams, out, post, mix, norm_w, dyn_w, 1e-6,
+                                          (static[0], static[1]), norm)
+    want_new = oracle_post(streams, out, post, mix)
+    for mine, theirs in zip(new, want_new, strict=True):
+        close(mine, theirs, dtype)
+    want_x, want_post = oracle_gated_pre(want_new, norm_w, dyn_w, static, norm)
+    # The oracle's gates come from its own new streams, a rounding off the kernel's in bf16
+    # (the interpreter truncates): a bf16 gain can move one step (2^-7 of |g| <= 4), and the
+    # post gate 2 sigmoid(g) by at most half of that.
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2 ** -5}[dtype]
+    torch.testing.assert_close(next_post, want_post, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.float(), want_x.float(), rtol=tol, atol=tol)
+
+
+def test_the_block_takes_the_post_then_pre_kernel_for_narrow_rows(interpreter, monkeypatch):
+    """Forced to Triton, a block of the small preset's width fuses its attention post into its
+    feed-forward pre; V4.1's width (5120: over one program's row) keeps three launches."""
+    from swa_bench.model import model as model_module
+    from swa_bench.model.model import HyperConnection, RMSNorm
+
+    calls = []
+    real = model_module.hc_post_gated_pre
+    monkeypatch.setattr(model_module, "hc_post_gated_pre",
+                        lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
+    for dim, fused in ((256, True), (2048, False)):
+        args = PRESETS["small"].replace(dim=dim)
+        done, nxt, norm = HyperConnection(args), HyperConnection(args), RMSNorm(dim, 1e-6)
+        streams, out, _, post, _ = problem(3, dim, 4, torch.float32)
+        with torch.no_grad():
+            new, x, next_post = done.post_then_pre(tuple(streams), out, post, nxt, norm)
+        assert len(new) == 4 and x.shape == (3, dim) and next_post.shape == (3, 4)
+        assert bool(calls) == fused
+        calls.clear()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_post_then_gated_pre_on_cuda(dtype):
+    """Against the post kernel and then the gated pre kernel: the same sums in the same order."""
+    streams, out, _, post, mix = problem(104, 256, 4, dtype, device="cuda")
+    _, norm_w, dyn_w = gains_problem(104, 256, 4, dtype, device="cuda", seed=4)
+    static = torch.randn(2, 4, device="cuda").to(dtype)
+    norm = (torch.rand(256, device="cuda").add(0.5).to(dtype), 1e-6)
+    new, x, next_post = hc_post_gated_pre(streams, out, post, mix, norm_w, dyn_w, 1e-6,
+                                          (static[0], static[1]), norm)
+    want_new = hc_post(streams, out, post, mix)
+    for mine, theirs in zip(new, want_new, strict=True):
+        close(mine, theirs, dtype)
+    want_x, want_post = hc_gated_pre(want_new, norm_w, dyn_w, 1e-6, (static[0], static[1]),
+                                     norm)
+    assert_gains_close(next_post, want_post, dtype)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2 ** -5}[dtype]
+    torch.testing.assert_close(x.float(), want_x.float(), rtol=tol, atol=tol)
