@@ -5,10 +5,11 @@ time (the sum of its kernels' times: a step is host-bound when this is well unde
 time), its kernel launches by kind (torch.profiler; each in launch order in
 ``$OUT/hotpath-<preset>-<path>-kernels.txt``), and where the host time goes (cProfile, by
 Python function, in ``$OUT/hotpath-<preset>-<path>-cprofile.txt``); then what one call costs
-the host in this process (a one-element add, a small linear, a Triton launch): the floor a
-step's launches put under its wall time. The target: an eager step
-under 15 ms. With a prompt length, one cold prefill of that length instead of the mixed batch
-(threshold-sweep's cases: where replay's saved device time should show).
+the host in this process (a one-element add, a small linear, a Triton launch, direct and on
+Triton's own path: ``kernels.launch``): the floor a step's launches put under its wall time.
+The target: an eager step under 15 ms. With a prompt length, one cold prefill of that length
+instead of the mixed batch (threshold-sweep's cases: where replay's saved device time should
+show).
 
     python3 scripts/hotpath_gpu.py [preset] [prompt_len]
 """
@@ -131,8 +132,11 @@ def launch_costs(dev: torch.device) -> str:
     x = torch.zeros(1, device=dev)
     a, w = torch.randn(104, 256, device=dev), torch.randn(256, 256, device=dev)
     h = torch.randn(1, 64, device=dev)
-    costs = []
-    for fn in (lambda: x.add_(1), lambda: torch.nn.functional.linear(a, w), lambda: silu_mul(h)):
+    costs, saved = [], os.environ.get("SWA_BENCH_TRITON_LAUNCH")
+    calls = ((lambda: x.add_(1), "direct"), (lambda: torch.nn.functional.linear(a, w), "direct"),
+             (lambda: silu_mul(h), "direct"), (lambda: silu_mul(h), "triton"))
+    for fn, mode in calls:
+        os.environ["SWA_BENCH_TRITON_LAUNCH"] = saved or mode  # a fallback's "triton" stays
         for _ in range(50):
             fn()
         runs = []
@@ -143,8 +147,11 @@ def launch_costs(dev: torch.device) -> str:
                 fn()
             runs.append(1e6 * (time.perf_counter() - start) / 2000)
         costs.append(statistics.median(runs))
+    if saved is None:
+        os.environ.pop("SWA_BENCH_TRITON_LAUNCH")
     return ("  host cost of one call: add {:.1f} us, linear 104x256x256 {:.1f} us, "
-            "Triton launch (silu_mul) {:.1f} us".format(*costs))
+            "Triton launch (silu_mul) {:.1f} us direct, {:.1f} us on Triton's path"
+            .format(*costs))
 
 
 if __name__ == "__main__":

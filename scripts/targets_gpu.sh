@@ -12,10 +12,10 @@
 #      busy ms, its launches by kind, the host cost of one launch (target: under 15 ms)
 #   6. graph-modes.yaml on the GPU: each case's reference / replay ms and the E3 checks
 #   7. threshold-sweep.yaml on the GPU: the trim-threshold advice, replay vs reference per length
-# Usage (carry [".whl"]): [BUDGET=s] [CUDA_TESTS=0] bash scripts/targets_gpu.sh [all|small]
-# ("small" leaves out steps 2 and 3: about 4 minutes; "all" about 9; CUDA_TESTS=0 leaves out
-# step 1, 2-4 minutes with the host's speed, for a call after one that ran them on the same
-# commit). Everything comes back in $OUT/targets.tgz; the summary is printed last.
+# Usage (carry [".whl"]): [BUDGET=s] [CUDA_TESTS=0|"test paths"] bash scripts/targets_gpu.sh
+# [all|small] ("small" leaves out steps 2 and 3: about 4 minutes; "all" about 9; step 1 takes
+# 2-4 minutes with the host's speed: CUDA_TESTS=0 leaves it out, test paths run only those).
+# Everything comes back in $OUT/targets.tgz; the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -35,8 +35,14 @@ step() {  # name, time limit (s), command...
   rc=$?
   echo "$name: rc=$rc in $((SECONDS - start)) s" >> "$W/steps.txt"
 }
-if [ "${CUDA_TESTS:-1}" = 1 ]; then
-  step cuda-tests 240 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10
+case "${CUDA_TESTS:-all}" in
+  all) step cuda-tests 240 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10 ;;
+  0) ;;
+  *) step cuda-tests 150 python3 -m pytest -q -m cuda -p no:cacheprovider $CUDA_TESTS ;;
+esac
+if grep -q "^FAILED tests/kernels/test_launch.py" "$W/cuda-tests.log" 2>/dev/null; then
+  export SWA_BENCH_TRITON_LAUNCH=triton  # the direct launch failed its test: Triton's path
+  echo "direct Triton launch failed its test: every later step on Triton's path" >> "$W/steps.txt"
 fi
 if [ "$MODE" = all ]; then
   step flash 320 env OUT="$W/flash" bash scripts/v41_flash_gpu.sh all

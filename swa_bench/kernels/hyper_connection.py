@@ -20,6 +20,7 @@ from swa_bench.kernels.launch import launch
 MAX_STREAMS = 4
 BLOCK_D = 1024
 GAINS_BLOCK_R, GAINS_BLOCK_D = 16, 256  # rows a gains program owns; columns a step
+POST_BLOCK_D = 64  # columns a step of the post fused before the gains
 
 
 def fused_hc(streams: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> bool:
@@ -166,7 +167,8 @@ def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, n
         out.stride(0), 0 if y is None else y.stride(0), sub_out.stride(0), post.stride(0),
         n[0].stride(0), eps, y_eps, D=dim, HC=len(streams), OUT=dyn_weight.shape[0],
         OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])), BLOCK_R=GAINS_BLOCK_R,
-        BLOCK_D=GAINS_BLOCK_D, GATES=statics is not None, PRE=y is not None,
+        BLOCK_D=GAINS_BLOCK_D, BLOCK_P=POST_BLOCK_D, GATES=statics is not None,
+        PRE=y is not None,
         NORM=norm is not None, POST=post_of is not None,
         PRECISION=dot_precision(streams[0].dtype), num_warps=4,
         num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory

@@ -1,18 +1,21 @@
 """``launch``: a Triton kernel call whose host cost is the launch, not Triton's dispatch.
 
-``kernel[grid](*args)`` binds the arguments, specialises each one, builds a cache key and looks
-the compiled kernel up on every call: about 18 us of host time on the H200's host, more than a
-small step's kernels take on the GPU (a small eager step launches about 150 Triton kernels).
-``launch`` does that work once per specialisation: it keys the compiled kernel by what Triton
-specialises on (each tensor's dtype and 16-byte alignment, each integer's divisibility by 16
-and size, the constexprs and launch options in full; a finer key than Triton's, so a hit is
-always Triton's own choice), then calls the compiled kernel's launcher directly, as Inductor's
-generated launchers do. The first call of each key, the interpreter, and a process with Triton
-launch hooks (a profiler) take Triton's own path.
+``kernel[grid](*args)`` binds the arguments, specialises each one, builds a cache key, packs
+launch metadata for its hooks and looks the compiled kernel up on every call: about 18 us of
+host time on the H200's host, more than a small step's kernels take on the GPU (a small eager
+step launches about 150 Triton kernels). ``launch`` does that work once per specialisation: it
+keys the compiled kernel by what Triton specialises on (each tensor's dtype and 16-byte
+alignment, each integer's divisibility by 16 and width, the constexprs and launch options in
+full: a finer key than Triton's, so a hit is always Triton's own choice), then calls the
+compiled kernel's launcher directly, as Inductor's generated launchers do. The first call of
+each key, the interpreter, a process with Triton launch hooks (a profiler's), and
+``SWA_BENCH_TRITON_LAUNCH=triton`` (an A/B switch) take Triton's own path.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +24,7 @@ from swa_bench.kernels.config import interpreting
 
 _COMPILED: dict[tuple, tuple[object, tuple[str, ...]]] = {}
 INT32 = 1 << 31
+MODES = ("direct", "triton")
 
 
 def specialization(kernel, args: Sequence[object]) -> tuple:
@@ -29,12 +33,12 @@ def specialization(kernel, args: Sequence[object]) -> tuple:
     constexprs = kernel.constexprs
     key = []
     for i, arg in enumerate(args):
-        if i in constexprs or isinstance(arg, (bool, str)) or arg is None:
+        if isinstance(arg, torch.Tensor):
+            key.append((arg.dtype, not arg.data_ptr() & 15))
+        elif i in constexprs or isinstance(arg, (bool, str)) or arg is None:
             key.append(arg)
-        elif isinstance(arg, torch.Tensor):
-            key.append((arg.dtype, arg.data_ptr() % 16 == 0))
         elif isinstance(arg, int):
-            key.append((arg % 16 == 0, arg == 1, -INT32 <= arg < INT32))
+            key.append((not arg & 15, arg == 1, -INT32 <= arg < INT32))
         elif isinstance(arg, float):
             key.append(float)
         else:
@@ -45,10 +49,11 @@ def specialization(kernel, args: Sequence[object]) -> tuple:
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, runtime arguments positional, constexprs and launch
     options by keyword."""
-    if interpreting():
+    if not direct_launch():
         kernel[grid](*args, **kwargs)
         return
-    device = current_device()
+    driver = _driver()
+    device = driver.get_current_device()
     key = (kernel, device, specialization(kernel, args), tuple(kwargs.items()))
     entry = _COMPILED.get(key)
     hooked = launch_hooks()
@@ -60,25 +65,37 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
         return
     compiled, rest = entry
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 current_stream(device), compiled.function, compiled.packed_metadata, None,
-                 None, None, *args, *(kwargs[name] for name in rest))
+                 driver.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *args,
+                 *(kwargs[name] for name in rest))
 
 
-def current_device() -> int:
+def direct_launch() -> bool:
+    """Whether ``launch`` may take the direct path: compiled kernels (not the interpreter) and
+    ``SWA_BENCH_TRITON_LAUNCH`` not set to ``triton``."""
+    return not interpreting() and _mode(os.environ.get("SWA_BENCH_TRITON_LAUNCH", "")) == "direct"
+
+
+@functools.cache
+def _mode(text: str) -> str:
+    mode = text.strip().lower() or "direct"
+    if mode not in MODES:
+        raise ValueError(f"SWA_BENCH_TRITON_LAUNCH: must be one of {', '.join(MODES)}, "
+                         f"got {text!r}")
+    return mode
+
+
+@functools.cache
+def _driver():
     from triton.runtime.driver import driver
 
-    return driver.active.get_current_device()
-
-
-def current_stream(device: int) -> int:
-    from triton.runtime.driver import driver
-
-    return driver.active.get_current_stream(device)
+    return driver.active
 
 
 def launch_hooks() -> bool:
-    """Whether Triton's launch hooks are set (a profiler's): then every call takes its path."""
+    """Whether any Triton launch hook is registered (a profiler's): then every call takes
+    Triton's path, which calls them. (The hooks are ``HookChain`` objects, never None.)"""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is not None or (
-        knobs.runtime.launch_exit_hook is not None)
+    return any(getattr(hook, "calls", hook is not None) for hook in
+               (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))

@@ -88,9 +88,9 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
                     sub_out, post, mix, n0, n1, n2, n3, rows, stride_s, stride_w, stride_out,
                     stride_y, stride_o, stride_p, stride_n, eps, y_eps, D: tl.constexpr,
                     HC: tl.constexpr, OUT: tl.constexpr, OUT_PAD: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GATES: tl.constexpr,
-                    PRE: tl.constexpr, NORM: tl.constexpr, POST: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+                    GATES: tl.constexpr, PRE: tl.constexpr, NORM: tl.constexpr,
+                    POST: tl.constexpr, PRECISION: tl.constexpr):
     """``out[r] = dynamic(rms_norm(cat(s_j[r])))`` for a block of ``BLOCK_R`` rows: the norm's
     statistics in fp32 over the ``HC`` streams (one pass), then the normed rows, rounded to the
     streams' dtype as the norm's output is, against the ``OUT`` rows of ``dyn_w [OUT, HC * D]``
@@ -110,8 +110,9 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
 
     ``POST``: first the previous sublayer's ``hc_post``: the streams ``s_j`` are the old ones,
     ``n_j[r] = post[r, j] * sub_out[r] + sum_i mix[j, i] * s_i[r]`` (``hc_post_kernel``'s sums,
-    rounded as it rounds) are written, and after a barrier everything above reads ``n_j``:
-    three launches between two sublayers become one."""
+    rounded as it rounds) are written in ``BLOCK_P`` column steps (five tiles live at once: at
+    ``BLOCK_D`` they spilled, 240 us a call at 104 rows on the H200), and after a barrier
+    everything above reads ``n_j``: three launches between two sublayers become one."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     base = r.to(tl.int64) * stride_s
@@ -131,16 +132,19 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
             p2 = tl.load(p_row + 2, mask=r_ok, other=0.0)
         if HC > 3:
             p3 = tl.load(p_row + 3, mask=r_ok, other=0.0)
-        for q0 in range(0, D, BLOCK_D):
-            post_mask = r_ok[:, None] & (q0 + offs < D)[None, :]
-            sq = _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n,
-                             q0 + offs, post_mask, p0, p1, p2, p3, mix, sq, HC)
+        offs_p = tl.arange(0, BLOCK_P)  # narrower steps: five tiles live at once
+        sq_p = tl.zeros([BLOCK_R, BLOCK_P], tl.float32)
+        for q0 in range(0, D, BLOCK_P):
+            post_mask = r_ok[:, None] & (q0 + offs_p < D)[None, :]
+            sq_p = _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n,
+                               q0 + offs_p, post_mask, p0, p1, p2, p3, mix, sq_p, HC)
         tl.debug_barrier()
         s0 = n0
         s1 = n1
         s2 = n2
         s3 = n3
         base = base_n
+        squares = tl.sum(sq_p, 1)
     else:
         for c0 in range(0, D, BLOCK_D):
             mask = r_ok[:, None] & (c0 + offs < D)[None, :]
@@ -155,7 +159,8 @@ def hc_gains_kernel(s0, s1, s2, s3, norm_w, dyn_w, static_pre, static_post, out,
             if HC > 3:
                 x = _tile(s3, base, c0 + offs, mask)
                 sq += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(sq, 1) / (HC * D) + eps)
+        squares = tl.sum(sq, 1)
+    rstd = 1.0 / tl.sqrt(squares / (HC * D) + eps)
     o = tl.arange(0, OUT_PAD)
     acc = tl.zeros([BLOCK_R, OUT_PAD], tl.float32)
     for c0 in range(0, D, BLOCK_D):

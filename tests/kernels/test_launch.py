@@ -40,11 +40,18 @@ class Kernel:
         return call
 
 
+class Driver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 77
+
+
 @pytest.fixture
 def compiled_path(monkeypatch):
     monkeypatch.setattr(launch_module, "interpreting", lambda: False)
-    monkeypatch.setattr(launch_module, "current_device", lambda: 0)
-    monkeypatch.setattr(launch_module, "current_stream", lambda device: 77)
+    monkeypatch.setattr(launch_module, "_driver", lambda: Driver())
     monkeypatch.setattr(launch_module, "launch_hooks", lambda: False)
     monkeypatch.setattr(launch_module, "_COMPILED", {})
 
@@ -77,6 +84,34 @@ def test_what_triton_specialises_on_starts_a_new_entry(compiled_path, change):
         call["kwargs"]["num_warps"] = 8
     launch(kernel, (1,), *call["args"], **call["kwargs"])
     assert len(kernel.slow) == 2 and not kernel.fast
+
+
+def test_triton_s_path_on_request_and_with_hooks(compiled_path, monkeypatch):
+    """``SWA_BENCH_TRITON_LAUNCH=triton`` and a registered launch hook take Triton's path on
+    every call; a bad value is refused. Triton's hook chains count as hooks only when filled."""
+    kernel = Kernel()
+    x = torch.zeros(64)
+    monkeypatch.setenv("SWA_BENCH_TRITON_LAUNCH", "triton")
+    for _ in range(2):
+        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
+    assert len(kernel.slow) == 2 and not kernel.fast
+    monkeypatch.setenv("SWA_BENCH_TRITON_LAUNCH", "fast")
+    with pytest.raises(ValueError, match="SWA_BENCH_TRITON_LAUNCH"):
+        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
+    monkeypatch.delenv("SWA_BENCH_TRITON_LAUNCH")
+    monkeypatch.setattr(launch_module, "launch_hooks", lambda: True)
+    for _ in range(2):
+        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
+    assert len(kernel.slow) == 4 and not kernel.fast
+    monkeypatch.undo()
+    from triton import knobs
+
+    assert not launch_module.launch_hooks()  # empty chains
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        assert launch_module.launch_hooks()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
 
 
 def test_a_positional_constexpr_keys_by_value_and_a_missing_keyword_is_never_cached(
