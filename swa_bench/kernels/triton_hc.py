@@ -45,8 +45,10 @@ def hc_pre_kernel(s0, s1, s2, s3, gains, y, norm_w, stride_s, stride_g, stride_y
 
 
 @triton.jit
-def _post_one(o, x0, x1, x2, x3, post, mix, i: tl.constexpr, HC: tl.constexpr):
-    acc = o * tl.load(post + i)
+def _post_one(o, x0, x1, x2, x3, gain, mix, i: tl.constexpr, HC: tl.constexpr):
+    """Output ``i`` of ``hc_post``: ``gain * o + sum_j mix[i, j] * x_j`` in this order (``gain``:
+    a row's scalar, or a block's ``[rows, 1]``)."""
+    acc = o * gain
     acc += x0 * tl.load(mix + i * HC)
     if HC > 1:
         acc += x1 * tl.load(mix + i * HC + 1)
@@ -74,13 +76,16 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, mix, y0, y1, y2, y3,
     p = post + row * stride_p
     at = row * stride_y + cols
     dtype = y0.dtype.element_ty
-    tl.store(y0 + at, _post_one(o, x0, x1, x2, x3, p, mix, 0, HC).to(dtype), mask=mask)
+    tl.store(y0 + at, _post_one(o, x0, x1, x2, x3, tl.load(p), mix, 0, HC).to(dtype), mask=mask)
     if HC > 1:
-        tl.store(y1 + at, _post_one(o, x0, x1, x2, x3, p, mix, 1, HC).to(dtype), mask=mask)
+        tl.store(y1 + at, _post_one(o, x0, x1, x2, x3, tl.load(p + 1), mix, 1, HC).to(dtype),
+                 mask=mask)
     if HC > 2:
-        tl.store(y2 + at, _post_one(o, x0, x1, x2, x3, p, mix, 2, HC).to(dtype), mask=mask)
+        tl.store(y2 + at, _post_one(o, x0, x1, x2, x3, tl.load(p + 2), mix, 2, HC).to(dtype),
+                 mask=mask)
     if HC > 3:
-        tl.store(y3 + at, _post_one(o, x0, x1, x2, x3, p, mix, 3, HC).to(dtype), mask=mask)
+        tl.store(y3 + at, _post_one(o, x0, x1, x2, x3, tl.load(p + 3), mix, 3, HC).to(dtype),
+                 mask=mask)
 
 
 @triton.jit
@@ -233,40 +238,26 @@ def _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n, c
     x3 = _tile(s3, base, cols, mask) if HC > 3 else x0
     dtype = n0.dtype.element_ty
     at = base_n[:, None] + cols[None, :]
-    v = _post_tile(o, x0, x1, x2, x3, p0, mix, 0, HC).to(dtype)
+    v = _post_one(o, x0, x1, x2, x3, p0[:, None], mix, 0, HC).to(dtype)
     tl.store(n0 + at, v, mask=mask)
     vf = v.to(tl.float32)
     sq += vf * vf
     if HC > 1:
-        v = _post_tile(o, x0, x1, x2, x3, p1, mix, 1, HC).to(dtype)
+        v = _post_one(o, x0, x1, x2, x3, p1[:, None], mix, 1, HC).to(dtype)
         tl.store(n1 + at, v, mask=mask)
         vf = v.to(tl.float32)
         sq += vf * vf
     if HC > 2:
-        v = _post_tile(o, x0, x1, x2, x3, p2, mix, 2, HC).to(dtype)
+        v = _post_one(o, x0, x1, x2, x3, p2[:, None], mix, 2, HC).to(dtype)
         tl.store(n2 + at, v, mask=mask)
         vf = v.to(tl.float32)
         sq += vf * vf
     if HC > 3:
-        v = _post_tile(o, x0, x1, x2, x3, p3, mix, 3, HC).to(dtype)
+        v = _post_one(o, x0, x1, x2, x3, p3[:, None], mix, 3, HC).to(dtype)
         tl.store(n3 + at, v, mask=mask)
         vf = v.to(tl.float32)
         sq += vf * vf
     return sq
-
-
-@triton.jit
-def _post_tile(o, x0, x1, x2, x3, p, mix, i: tl.constexpr, HC: tl.constexpr):
-    """``_post_one`` for a block of rows (``p``: each row's gain of output ``i``)."""
-    acc = o * p[:, None]
-    acc += x0 * tl.load(mix + i * HC)
-    if HC > 1:
-        acc += x1 * tl.load(mix + i * HC + 1)
-    if HC > 2:
-        acc += x2 * tl.load(mix + i * HC + 2)
-    if HC > 3:
-        acc += x3 * tl.load(mix + i * HC + 3)
-    return acc
 
 
 @triton.jit
