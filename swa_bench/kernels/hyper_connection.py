@@ -153,6 +153,9 @@ def hc_post_gated_pre(streams: Sequence[torch.Tensor], out: torch.Tensor, post: 
 
 def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None,
                   post_of=None):
+    """One ``hc_gains_kernel`` launch: the gains into ``out``; with ``y`` the pre sum (normed
+    with ``norm``); with ``post_of = (out, post, mix, new streams)`` the post before them.
+    Unused pointers are given a tensor of the launch (the kernel never reads them)."""
     from swa_bench.kernels import triton_hc
 
     rows, dim = streams[0].shape
@@ -168,7 +171,6 @@ def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, n
         n[0].stride(0), eps, y_eps, D=dim, HC=len(streams), OUT=dyn_weight.shape[0],
         OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])), BLOCK_R=GAINS_BLOCK_R,
         BLOCK_D=GAINS_BLOCK_D, BLOCK_P=POST_BLOCK_D, GATES=statics is not None,
-        PRE=y is not None,
-        NORM=norm is not None, POST=post_of is not None,
+        PRE=y is not None, NORM=norm is not None, POST=post_of is not None,
         PRECISION=dot_precision(streams[0].dtype), num_warps=4,
         num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory

@@ -116,14 +116,15 @@ def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch
 
     pairs = experts.flatten()
     n = pairs.numel()
-    if n > SORT_PAIRS or n_experts * next_pow2(max(n, 2)) >= 2**31:
+    n_pad = max(16, next_pow2(n))
+    if n > SORT_PAIRS or (n_experts + 1) * n_pad > 2**31:  # the sort keys stay int32
         order = torch.argsort(pairs, stable=True)
         bounds = torch.arange(1, n_experts + 1, device=pairs.device)
         return order, torch.searchsorted(pairs[order], bounds, out_int32=True)
     order = torch.empty(n, dtype=torch.long, device=pairs.device)
     ends = torch.empty(n_experts, dtype=torch.int32, device=pairs.device)
     launch(triton_moe.sort_pairs_kernel, (1,),
-        pairs, order, ends, n, E=n_experts, N_PAD=max(16, next_pow2(n)),
+        pairs, order, ends, n, E=n_experts, N_PAD=n_pad,
         BINS=max(16, next_pow2(n_experts + 1)), num_warps=4)
     return order, ends
 
