@@ -80,9 +80,7 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
     ys = streams[0].new_empty(hc, rows, dim).unbind(0)
     if rows == 0:
         return ys
-    out = out if out.stride(-1) == 1 else out.contiguous()
-    post = post if post.dtype == torch.float32 else post.float()
-    mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else mix.float().contiguous()
+    out, post, mix = _post_inputs(out, post, mix)
     s, y = _padded(streams), _padded(ys)
     launch(triton_hc.hc_post_kernel, _grid(rows, dim),
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
@@ -142,13 +140,20 @@ def hc_post_gated_pre(streams: Sequence[torch.Tensor], out: torch.Tensor, post: 
     gates = torch.empty(rows, 2 * hc, dtype=torch.float32, device=streams[0].device)
     x = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
     if rows:
-        out = out if out.stride(-1) == 1 else out.contiguous()
-        post = post if post.dtype == torch.float32 else post.float()
-        mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else (
-            mix.float().contiguous())
+        out, post, mix = _post_inputs(out, post, mix)
         _launch_gains(streams, norm_weight, dyn_weight, eps, statics, gates, x, norm,
                       (out, post, mix, ys))
     return ys, x, gates[:, hc:]
+
+
+def _post_inputs(out: torch.Tensor, post: torch.Tensor, mix: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A post's sublayer output with unit column stride, its gains and mixing in fp32 (the
+    mixing contiguous), copied only where they are not already."""
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    post = post if post.dtype == torch.float32 else post.float()
+    mix = mix if mix.dtype == torch.float32 and mix.is_contiguous() else mix.float().contiguous()
+    return out, post, mix
 
 
 def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None,

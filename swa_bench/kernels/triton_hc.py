@@ -236,28 +236,24 @@ def _post_tiles(sub_out, s0, s1, s2, s3, n0, n1, n2, n3, base, base_o, base_n, c
     x1 = _tile(s1, base, cols, mask) if HC > 1 else x0
     x2 = _tile(s2, base, cols, mask) if HC > 2 else x0
     x3 = _tile(s3, base, cols, mask) if HC > 3 else x0
-    dtype = n0.dtype.element_ty
     at = base_n[:, None] + cols[None, :]
-    v = _post_one(o, x0, x1, x2, x3, p0[:, None], mix, 0, HC).to(dtype)
-    tl.store(n0 + at, v, mask=mask)
-    vf = v.to(tl.float32)
-    sq += vf * vf
+    sq = _post_stream(o, x0, x1, x2, x3, p0, mix, n0, at, mask, sq, 0, HC)
     if HC > 1:
-        v = _post_one(o, x0, x1, x2, x3, p1[:, None], mix, 1, HC).to(dtype)
-        tl.store(n1 + at, v, mask=mask)
-        vf = v.to(tl.float32)
-        sq += vf * vf
+        sq = _post_stream(o, x0, x1, x2, x3, p1, mix, n1, at, mask, sq, 1, HC)
     if HC > 2:
-        v = _post_one(o, x0, x1, x2, x3, p2[:, None], mix, 2, HC).to(dtype)
-        tl.store(n2 + at, v, mask=mask)
-        vf = v.to(tl.float32)
-        sq += vf * vf
+        sq = _post_stream(o, x0, x1, x2, x3, p2, mix, n2, at, mask, sq, 2, HC)
     if HC > 3:
-        v = _post_one(o, x0, x1, x2, x3, p3[:, None], mix, 3, HC).to(dtype)
-        tl.store(n3 + at, v, mask=mask)
-        vf = v.to(tl.float32)
-        sq += vf * vf
+        sq = _post_stream(o, x0, x1, x2, x3, p3, mix, n3, at, mask, sq, 3, HC)
     return sq
+
+
+@triton.jit
+def _post_stream(o, x0, x1, x2, x3, p, mix, n, at, mask, sq, i: tl.constexpr, HC: tl.constexpr):
+    """New stream ``i``'s tile rounded and written to ``n``; its squares added to ``sq``."""
+    v = _post_one(o, x0, x1, x2, x3, p[:, None], mix, i, HC).to(n.dtype.element_ty)
+    tl.store(n + at, v, mask=mask)
+    vf = v.to(tl.float32)
+    return sq + vf * vf
 
 
 @triton.jit

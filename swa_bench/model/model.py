@@ -213,14 +213,22 @@ class HyperConnection(nn.Module):
         logits = self.res_logits
         if logits.requires_grad and torch.is_grad_enabled():
             return sinkhorn(logits.float())
-        key = (logits.data_ptr(), logits._version)
-        cached = getattr(self, "_mixing", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        mix = sinkhorn(logits.float())
-        if not capturing(logits.device):
-            self._mixing = (key, mix)
-        return mix
+        return derived_from_weights(self, "_mixing", (logits,), lambda: sinkhorn(logits.float()))
+
+
+def derived_from_weights(owner: nn.Module, name: str, weights: Sequence[torch.Tensor],
+                         compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``compute()``, a function of ``weights`` alone, kept on ``owner`` as ``name`` and computed
+    again only when a weight changes (its storage or version counter). Not kept while a CUDA
+    stream captures: the tensor would live in the graph's private pool."""
+    key = tuple((w.data_ptr(), w._version) for w in weights)
+    cached = getattr(owner, name, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    value = compute()
+    if not capturing(weights[0].device):
+        setattr(owner, name, (key, value))
+    return value
 
 
 def weighted_sum(terms: Sequence[torch.Tensor], gains: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -317,15 +325,9 @@ class Attention(nn.Module):
     def stacked_latent_weight(self) -> torch.Tensor:
         """``[wq_a; wkv]``, stacked once and again only when either weight changes (their
         version counters): an inference copy of ``(q_lora_rank + head_dim) x dim`` weights."""
-        wq, wkv = self.wq_a.weight, self.wkv.weight
-        key = (wq.data_ptr(), wq._version, wkv.data_ptr(), wkv._version)
-        cached = getattr(self, "_stacked_latent_weight", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        stacked = torch.cat([wq, wkv])
-        if not capturing(wq.device):
-            self._stacked_latent_weight = (key, stacked)
-        return stacked
+        weights = (self.wq_a.weight, self.wkv.weight)
+        return derived_from_weights(self, "_stacked_latent_weight", weights,
+                                    lambda: torch.cat(weights))
 
     def project_kv(self, x: torch.Tensor) -> torch.Tensor:
         """The shared K=V latent of every row, by the PyTorch steps (layer S's part on every
