@@ -165,6 +165,18 @@ def _load_all(paths: list[Path], max_cases: int = MAX_CASES
     return loaded
 
 
+def _check_environment() -> None:
+    """Exit 2 with one line on a malformed ``SWA_BENCH_*`` kernel setting, before anything
+    runs (it would otherwise fail every case)."""
+    from swa_bench.kernels.config import check_environment
+
+    try:
+        check_environment()
+    except ValueError as err:
+        _say_error(f"environment: {err}")
+        raise typer.Exit(2) from None
+
+
 def _require(path: Path | None, what: str) -> None:
     """Exit 2 with one line unless ``path`` (when given) exists."""
     if path is not None and not path.exists():
@@ -311,6 +323,7 @@ def run(
     """
     paths = _resolve(scenarios) if scenarios else [default_scenario_path()]
     loaded = _load_all(paths, max_cases)
+    _check_environment()
     if dry_run:
         console = Console()
         for path, scenario, cases in loaded:
@@ -388,6 +401,7 @@ def check(
     ran; 2 bad input (one line on stderr).
     """
     loaded = _load_all(_resolve(files), max_cases)
+    _check_environment()
     from swa_bench.run.commands import LoadedScenario, check_scenarios
 
     try:
@@ -551,6 +565,7 @@ def kernels(
     if dtype not in ("bfloat16", "float32"):
         _say_error(f"--dtype: must be bfloat16 or float32, got {dtype!r}")
         raise typer.Exit(2)
+    _check_environment()
     args = PRESETS[preset]
     counts = list(tokens or [16384 if gpu else 48])
     args = args.replace(max_requests=1, max_seq_len=max(max(counts), args.window))

@@ -22,8 +22,9 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def swa_bench(*args: str, cwd: Path = REPO, limited: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+def swa_bench(*args: str, cwd: Path = REPO, limited: bool = True,
+              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80", **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "swa_bench", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIME_LIMIT_S,
                           preexec_fn=_limits if limited else None)
@@ -159,6 +160,20 @@ def test_an_unusable_out_is_refused_before_the_run(tmp_path, tiny_scenario, wher
     assert_one_line_exit_2(proc, str(out))
     assert a_file.read_text() == "keep me" and not (tmp_path / "missing").exists()
     assert not out.exists() or out == a_file
+
+
+@pytest.mark.parametrize(("variable", "value"), [("SWA_BENCH_KERNELS", "cuda"),
+                                                 ("SWA_BENCH_MQA_TILE", "64,0,8"),
+                                                 ("SWA_BENCH_TRITON_LAUNCH", "fast")])
+@pytest.mark.parametrize("command", ["run", "check", "kernels"])
+def test_a_malformed_kernel_setting_is_refused_before_anything_runs(tmp_path, tiny_scenario,
+                                                                   variable, value, command):
+    out = tmp_path / "out"
+    args = {"run": ["run", str(tiny_scenario), "--out", str(out)],
+            "check": ["check", str(tiny_scenario)], "kernels": ["kernels", "-t", "8"]}[command]
+    proc = swa_bench(*args, extra_env={variable: value})
+    assert_one_line_exit_2(proc, f"environment: {variable}: ", repr(value))
+    assert not out.exists()
 
 
 def test_compare_on_deeply_nested_json(tmp_path):

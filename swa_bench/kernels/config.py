@@ -1,4 +1,5 @@
-"""Which attention implementation runs, decided in one place, and the Triton kernel's tile sizes.
+"""Which attention implementation runs, decided in one place, the Triton kernel's tile sizes,
+and how compiled Triton kernels are launched.
 
 ``SWA_BENCH_KERNELS=torch|triton`` overrides the choice (tests, A/B runs); by default the Triton
 kernels run on CUDA when Triton imports and the PyTorch path everywhere else (it is also the oracle
@@ -65,6 +66,34 @@ def _decide_backend(chosen: str, device_type: str, interpret: bool) -> str:
     if chosen:
         return chosen
     return "triton" if runnable and device_type == "cuda" else "torch"
+
+
+LAUNCH_MODES = ("direct", "triton")
+
+
+def launch_mode() -> str:
+    """How ``kernels.launch`` calls a compiled Triton kernel: ``direct`` (default) or through
+    Triton's own path (``SWA_BENCH_TRITON_LAUNCH=triton``, the A/B switch)."""
+    return _launch_mode(os.environ.get("SWA_BENCH_TRITON_LAUNCH", ""))
+
+
+@functools.cache
+def _launch_mode(text: str) -> str:
+    mode = text.strip().lower() or "direct"
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"SWA_BENCH_TRITON_LAUNCH: must be one of {', '.join(LAUNCH_MODES)}, "
+                         f"got {text!r}")
+    return mode
+
+
+def check_environment() -> None:
+    """Raises ``ValueError`` (one line naming the variable) for a malformed ``SWA_BENCH_*``
+    setting, so a command refuses it before anything runs instead of failing every case."""
+    chosen = os.environ.get("SWA_BENCH_KERNELS", "").strip().lower()
+    if chosen and chosen not in BACKENDS:
+        _decide_backend(chosen, "cpu", False)  # raises the backend decision's own message
+    _env_tile()
+    launch_mode()
 
 
 def inference_kernels(*tensors: torch.Tensor) -> bool:

@@ -15,16 +15,14 @@ each key, the interpreter, a process with Triton launch hooks (a profiler's), an
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import torch
 
-from swa_bench.kernels.config import interpreting
+from swa_bench.kernels.config import interpreting, launch_mode
 
 _COMPILED: dict[tuple, tuple[object, tuple[str, ...]]] = {}
 INT32 = 1 << 31
-MODES = ("direct", "triton")
 
 
 def specialization(kernel, args: Sequence[object]) -> tuple:
@@ -73,16 +71,7 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
 def direct_launch() -> bool:
     """Whether ``launch`` may take the direct path: compiled kernels (not the interpreter) and
     ``SWA_BENCH_TRITON_LAUNCH`` not set to ``triton``."""
-    return not interpreting() and _mode(os.environ.get("SWA_BENCH_TRITON_LAUNCH", "")) == "direct"
-
-
-@functools.cache
-def _mode(text: str) -> str:
-    mode = text.strip().lower() or "direct"
-    if mode not in MODES:
-        raise ValueError(f"SWA_BENCH_TRITON_LAUNCH: must be one of {', '.join(MODES)}, "
-                         f"got {text!r}")
-    return mode
+    return not interpreting() and launch_mode() == "direct"
 
 
 @functools.cache
