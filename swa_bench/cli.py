@@ -8,6 +8,7 @@ code 2 (``FILE: path.to.field: message``), never a traceback, reported before an
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -82,12 +83,12 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.ClickException as err:
             _say_error(f"swa-bench: {err.format_message()}")
             sys.exit(err.exit_code)
-        except click_exceptions.Abort:  # Ctrl-C outside a run: nothing to keep
+        except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a run: nothing to keep
             _say_error("swa-bench: interrupted")
             sys.exit(130)
-        except KeyboardInterrupt:
-            _say_error("swa-bench: interrupted")
-            sys.exit(130)
+        except BrokenPipeError:  # `swa-bench ... | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from swa_bench.cli import app
@@ -368,3 +369,29 @@ def test_run_appends_its_report_to_the_step_summary_and_exports(tmp_path, monkey
     entries = __import__("json").loads(exported.stdout)
     assert [e["name"].rsplit("/", 1)[-1] for e in entries] == ["reference", "replay"]
     assert runner.invoke(app, ["export", str(tmp_path / "nothing")]).exit_code == 2
+
+
+def test_an_interrupt_outside_a_run_is_one_line_and_130(monkeypatch):
+    """typer.Abort (Ctrl-C at a prompt) and KeyboardInterrupt, through the real entry point."""
+    import swa_bench.cli as cli
+
+    for error in (typer.Abort, KeyboardInterrupt):
+        def interrupted(*args, error=error, **kwargs):
+            raise error()
+
+        monkeypatch.setattr(cli, "shipped_scenarios", interrupted)
+        with pytest.raises(SystemExit) as exit_info:
+            app(["list"], prog_name="swa-bench")
+        assert exit_info.value.code == 130
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """`swa-bench compare ... | head -1`: the reader left early; exit 1, no traceback."""
+    script = ("import swa_bench.cli as cli\n"
+              "def closed(*args, **kwargs):\n"
+              "    raise BrokenPipeError(32, 'Broken pipe')\n"
+              "cli.shipped_scenarios = closed\n"
+              "cli.app(['list'], prog_name='swa-bench')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr

@@ -1,4 +1,4 @@
-"""E1 per policy through the engine (``final_window``/``tail`` once the engine has them), and
+"""E1 per policy through the engine, on a batch every policy trims, and
 D = 1: with one decoder layer bounded replay is exact (H = W), so it equals the full prefill."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import torch
 
 from swa_bench.checks.approximation import approximation, check_first_decoder_kv
 from swa_bench.checks.equivalence import check_e1
-from swa_bench.checks.oracle import ORACLE_POLICIES
+from swa_bench.checks.oracle import ORACLE_POLICIES, expect_for
 from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.args import build_args
 from swa_bench.model.model import build_model
@@ -27,12 +28,11 @@ def tiny():
 @pytest.mark.parametrize("policy", [p for p in ORACLE_POLICIES if p != "full"])
 def test_e1_per_policy(tiny, policy):
     inputs = StepInputs.seeded(BATCH, tiny.args.vocab_size, 1, cache_indices=[7, 2, 9, 0, 4])
-    try:
-        result = check_e1(tiny, inputs, EngineConfig(policy=policy), decode_steps=2)
-    except ValueError as err:
-        pytest.skip(f"the engine does not accept {policy} yet: {err}")
+    config = EngineConfig(policy=policy)
+    expected = expect_for(Engine(tiny, config), inputs.requests)
+    assert expected.replays and expected.trims, expected.reason
+    result = check_e1(tiny, inputs, config, decode_steps=2)
     assert result.passed, result.message
-    assert result.mode == "bitwise"
 
 
 def test_one_decoder_layer_bounded_is_exact():

@@ -43,3 +43,6 @@ def test_fault_is_caught(fault, monkeypatch):
     fault.apply(monkeypatch)
     failed = run_case_checks(*fault.case)
     assert failed, f"{fault.name} ({fault.breaks}) passed every check on {fault.case}"
+    assert not failed[0].startswith("error"), (
+        f"{fault.name} crashed the checks ({failed[0]}) instead of failing one: a broken fault "
+        "or a check that cannot run")

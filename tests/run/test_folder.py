@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -147,14 +148,24 @@ def test_ctrl_c_inside_a_claim_says_what_was_kept(tmp_path):
             raise KeyboardInterrupt
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 555 folder")
-def test_a_read_only_folder_is_refused_before_work(tmp_path):
+def test_a_read_only_folder_is_refused_before_work(tmp_path, monkeypatch):
+    """Root writes into a chmod 555 folder, so there mkdir refuses as the kernel would."""
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
+    if os.geteuid() == 0:
+        real_mkdir = Path.mkdir
+
+        def read_only(self, *args, **kwargs):
+            if folder in self.parents:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", read_only)
     try:
         result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--out", str(folder / "x")])
-        one_line_exit_2(result, "cannot write")
+        one_line_exit_2(result, "cannot write", "Permission denied")
+        assert list(folder.iterdir()) == []
     finally:
         folder.chmod(0o755)
 

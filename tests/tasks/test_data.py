@@ -46,10 +46,17 @@ def test_training_batch_weights_its_answers():
     assert tokens.shape == (8, 96) and weights.shape == (8, 95)
     for seq, w in zip(tokens.tolist(), weights.tolist(), strict=True):
         values = {seq[i + 1]: seq[i + 2] for i in range(94) if seq[i] == data.FACT}
+        copies = []
         for i, weight in enumerate(w):
             if weight == 1.0:
                 continue
             if seq[i - 1] == data.QUERY:  # the answer of a query: its fact's value
                 assert values[seq[i]] == seq[i + 1]
-            else:  # a copy repetition: the pattern symbol seen one period back
-                assert seq[i + 1] in data.SYMBOLS
+            else:
+                copies.append(i)
+        # the copy segment: COPY, one period of symbols, then repetitions, each weighted
+        start = seq.index(data.COPY)
+        period = copies[0] - start
+        assert period >= 2 and copies == list(range(copies[0], copies[0] + len(copies)))
+        assert all(seq[i + 1] in data.SYMBOLS for i in copies)
+        assert all(seq[i + 1] == seq[i + 1 - period] for i in copies)
