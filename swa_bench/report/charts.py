@@ -71,6 +71,10 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def _plottable(prompt_len: int, value: float | None) -> bool:
+    return prompt_len > 0 and _finite(value)
+
+
 def _timed(cases: Iterable[CaseResult]) -> list[CaseResult]:
     """Cases with both medians finite and positive: the only ones a latency or ratio can be drawn
     for (a log axis or a division would choke on the rest)."""
@@ -217,9 +221,12 @@ def approximation_chart(results: RunResults) -> Chart | None:
 
 def task_chart(results: RunResults) -> Chart | None:
     """Accuracy vs prompt length per policy, a panel per task and fact distance, and the
-    held-out loss panel."""
+    held-out loss panel. Only points a log-2 length axis can place are drawn (a prompt of
+    at least one token, a finite value); with none, no chart."""
     cases = task_cases(results)
-    if not cases:
+    if not any(_plottable(c.prompt_len, c.accuracy) for case in cases for c in case.tasks.cells) \
+            and not any(_plottable(h.prompt_len, h.loss) for case in cases
+                        for h in case.tasks.held_out):
         return None
     groups = sorted({(c.task, c.distance) for case in cases for c in case.tasks.cells
                      if c.task == "recall"})
@@ -234,10 +241,14 @@ def task_chart(results: RunResults) -> Chart | None:
                      linestyle=_STYLES.get(case.policy, "-."), label=safe_label(case.policy))
         for ax, (task, distance) in zip(axes, groups, strict=False):
             cells = sorted((c.prompt_len, c.accuracy) for c in case.tasks.cells
-                           if c.task == task and (task == "copy" or c.distance == distance))
-            ax.plot([x for x, _ in cells], [y for _, y in cells], **style)
-        held = sorted((h.prompt_len, h.loss) for h in case.tasks.held_out)
-        axes[-1].plot([x for x, _ in held], [y for _, y in held], **style)
+                           if c.task == task and (task == "copy" or c.distance == distance)
+                           and _plottable(c.prompt_len, c.accuracy))
+            if cells:
+                ax.plot([x for x, _ in cells], [y for _, y in cells], **style)
+        held = sorted((h.prompt_len, h.loss) for h in case.tasks.held_out
+                      if _plottable(h.prompt_len, h.loss))
+        if held:
+            axes[-1].plot([x for x, _ in held], [y for _, y in held], **style)
     for ax, (task, distance) in zip(axes, groups, strict=False):
         ax.set_title(f"recall, fact {distance} back" if task == "recall" else "copy in window",
                      fontsize=9)
@@ -246,12 +257,13 @@ def task_chart(results: RunResults) -> Chart | None:
     axes[-1].set_title("held-out loss after the prefill", fontsize=9)
     axes[-1].set_ylabel("nats/byte", fontsize=8)
     for ax in axes:
-        ax.set_xscale("log", base=2)
-        _plain_log(ax.xaxis)
+        if ax.has_data():  # an empty panel has no positive limits to log-scale
+            ax.set_xscale("log", base=2)
+            _plain_log(ax.xaxis)
         ax.set_xlabel("prompt tokens", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
+    next(ax for ax in axes if ax.has_data()).legend(fontsize=7)
     return Chart("tasks", "Task accuracy vs prompt length, per policy",
                  "Trained model: last-token answer accuracy by prompt length (a panel per fact "
                  "distance for recall, which reads the global KV; copy reads the window KV), "

@@ -6,7 +6,7 @@ import pytest
 from swa_bench.report import render_html, render_junit, render_markdown, write_reports
 from swa_bench.report.charts import all_charts
 from swa_bench.report.markdown import md_cell
-from swa_bench.results import ResultsError, save_results
+from swa_bench.results import ResultsError, TaskCell, TaskResults, save_results
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -170,3 +170,21 @@ def test_save_then_reports_round_trip(tmp_path, make_run):
     assert md.read_text().startswith("# swa-bench: synthetic")
     assert 'class="verdict pass"' in html.read_text()
     assert ET.parse(junit).getroot().get("failures") == "0"
+
+
+def test_task_chart_draws_only_what_a_log_axis_can_place(make_run):
+    """A case with task results but no cells, or cells of zero tokens or NaN accuracy, used to
+    crash the whole report ("Data cannot be log-scaled")."""
+    results = make_run()
+    case = results.cases[0]
+    case.tasks = TaskResults(policy=case.policy, model="seeded")
+    assert "tasks" not in [c.id for c in all_charts(results)]
+    case.tasks.cells = [
+        TaskCell(task="recall", prompt_len=0, distance=1, prompts=1, accuracy=1.0,
+                 answer_loss=0.1, agreement=1.0),
+        TaskCell(task="copy", prompt_len=64, distance=1, prompts=1, accuracy=float("nan"),
+                 answer_loss=0.1, agreement=1.0),
+        TaskCell(task="copy", prompt_len=128, distance=1, prompts=1, accuracy=0.5,
+                 answer_loss=0.1, agreement=1.0)]
+    (chart,) = [c for c in all_charts(results) if c.id == "tasks"]
+    assert chart.svg.startswith("<svg")
