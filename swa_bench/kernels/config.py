@@ -145,9 +145,20 @@ class TileConfig:
         except ValueError:
             raise ValueError(f"SWA_BENCH_MQA_TILE: expected 4 integers "
                              f"'block_n,block_dv,num_warps,num_stages', got {text!r}") from None
-        if config.block_n < 16 or config.block_n & (config.block_n - 1):
-            raise ValueError(f"SWA_BENCH_MQA_TILE: block_n must be a power of two >= 16, "
-                             f"got {config.block_n}")
+        def power_of_two(n: int) -> bool:
+            return n > 0 and not n & (n - 1)
+
+        rules = (("block_n", config.block_n >= 16 and power_of_two(config.block_n),
+                  "a power of two >= 16"),
+                 ("block_dv", config.block_dv == 0 or (config.block_dv >= 16
+                                                       and power_of_two(config.block_dv)),
+                  "0 (the whole head) or a power of two >= 16"),
+                 ("num_warps", config.num_warps in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
+                 ("num_stages", config.num_stages >= 1, ">= 1"))
+        for name, ok, what in rules:
+            if not ok:
+                raise ValueError(f"SWA_BENCH_MQA_TILE: {name} must be {what}, "
+                                 f"got {getattr(config, name)}")
         return config
 
     def label(self) -> str:

@@ -9,6 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from swa_bench.checks.tolerance import Tolerance
 from swa_bench.kernels import TileConfig, attention_backend, mqa_attention, mqa_attention_flops
+from swa_bench.kernels.config import TILE_CANDIDATES
 from swa_bench.model.args import PRESETS
 from swa_bench.model.attention import (
     GlobalKV,
@@ -206,10 +207,16 @@ def test_kernels_skip_the_custom_op_outside_a_dispatch_mode():
     assert calls == ["impl", "op"]
 
 
-@pytest.mark.parametrize("text", ["32,0,8", "a,b,c,d", "24,0,8,1"])
+@pytest.mark.parametrize("text", ["32,0,8", "a,b,c,d", "24,0,8,1", "16,-5,8,1", "16,24,8,1",
+                                  "16,0,0,1", "16,0,3,1", "16,0,8,0"])
 def test_tile_config_rejects_bad_text(text):
     with pytest.raises(ValueError, match="SWA_BENCH_MQA_TILE"):
         TileConfig.parse(text)
+
+
+def test_tile_config_takes_every_candidate():
+    for tile in TILE_CANDIDATES:
+        assert TileConfig.parse(tile.label()) == tile
 
 
 def test_default_tile_fits_each_dtype(monkeypatch):
