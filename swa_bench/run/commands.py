@@ -1,13 +1,16 @@
 """``swa-bench run`` and ``swa-bench check``: load and expand each scenario once, run every case
 (``cases.CaseRunner``), save as we go.
 
-Every run folder is checked and locked before the first case (``folder.claim_for``). results.json
-is rewritten atomically after every case, so an interrupted sweep keeps what finished and
-``--resume`` runs only the rest.
+Every input check of every scenario (``ready``: --select matches, the device exists) runs before
+any folder is claimed, then every run folder is checked and locked before the first case
+(``folder.claim_for``): bad input costs no run and deletes nothing. results.json is rewritten
+atomically after every case, so an interrupted sweep keeps what finished and ``--resume`` runs
+only the rest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
@@ -21,7 +24,7 @@ from swa_bench.bench.advice import threshold_advice
 from swa_bench.bench.environment import capture_environment, scenario_hash
 from swa_bench.report.console import case_progress, print_checks, print_run_summary, report_checks
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
-from swa_bench.run.cases import CaseRunner
+from swa_bench.run.cases import CaseRunner, resolve_device
 from swa_bench.run.folder import claim_for
 from swa_bench.run.shards import clear_shards, run_sharded, shard_results
 from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
@@ -44,6 +47,18 @@ def _loaded(items: Sequence[Path | LoadedScenario], max_cases: int | None) -> li
     return [i if isinstance(i, LoadedScenario) else load(Path(i), max_cases) for i in items]
 
 
+def ready(item: LoadedScenario, select: str | None) -> LoadedScenario:
+    """The scenario with only its --select cases, once its device is known to exist: these
+    refusals (``ScenarioError``) must come before any folder is claimed, for every scenario."""
+    resolve_device(item.scenario)
+    if select is None:
+        return item
+    cases = [c for c in item.cases if select in c.label() or select in c.case_id]
+    if not cases:
+        raise ScenarioError(item.path, "--select", f"no case label or id contains {select!r}")
+    return dataclasses.replace(item, cases=cases)
+
+
 def run_scenarios(
     scenarios: Sequence[Path | LoadedScenario], *, out: Path | None = None, resume: bool = False,
     baseline: Path | None = None, console: Console | None = None, timing: bool = True,
@@ -52,14 +67,14 @@ def run_scenarios(
 ) -> int:
     """Runs every scenario; exit code 0 when every check passes, 1 otherwise (2 is the CLI's)."""
     console = console or Console()
-    loaded = _loaded(scenarios, max_cases)
+    loaded = [ready(item, select) for item in _loaded(scenarios, max_cases)]
     extra = ["-k", select] if select else []
     code = 0
     with claim_for([i.path for i in loaded], [i.scenario for i in loaded], out=out,
                    resume=resume, overwrite=overwrite, extra_args=extra) as run_dirs:
         for item, run_dir in zip(loaded, run_dirs, strict=True):
             results = run_one(item, run_dir, resume=resume, console=console, timing=timing,
-                              select=select, gpus=gpus, max_cases=max_cases)
+                              gpus=gpus, max_cases=max_cases)
             if results.verdict() != "pass":
                 code = 1
             if baseline is not None:
@@ -72,18 +87,15 @@ def run_scenarios(
 
 def run_one(
     item: LoadedScenario, run_dir: Path, *, resume: bool, console: Console,
-    timing: bool = True, select: str | None = None, gpus: int = 1, max_cases: int | None = None,
+    timing: bool = True, gpus: int = 1, max_cases: int | None = None,
 ) -> RunResults:
-    """One scenario into ``run_dir``; ``gpus`` > 1 spreads its cases over that many worker
-    processes (``shards``), merged into the one results.json."""
+    """One scenario (its cases already ``ready``) into the claimed ``run_dir``; ``gpus`` > 1
+    spreads its cases over that many worker processes (``shards``), merged into the one
+    results.json."""
     from swa_bench.report import append_step_summary, write_reports
 
     path, scenario, cases = item.path, item.scenario, item.cases
     runner = CaseRunner(scenario)
-    if select is not None:
-        cases = [c for c in cases if select in c.label() or select in c.case_id]
-        if not cases:
-            raise ScenarioError(path, "--select", f"no case label or id contains {select!r}")
     digest = scenario_hash(scenario.source_text)
     run_dir.mkdir(parents=True, exist_ok=True)
     results = None
@@ -99,12 +111,14 @@ def run_one(
             environment=capture_environment(scenario.timing.threads),
             started_at=_now(),
         )
-    if resume:  # cases that workers of an interrupted sharded sweep finished
-        results.cases += shard_results(run_dir)
-    else:
+    folded = shard_results(run_dir, scenario.name, digest) if resume else []
+    done = {c.case_id for c in results.cases + folded if c.status != "error"}
+    results.cases = list({c.case_id: c for c in results.cases + folded
+                          if c.case_id in done}.values())
+    if folded:  # an interrupted sharded sweep's cases: into results.json before the shards go
+        results.cases.sort(key=lambda c: c.index)
+        save_results(run_dir, results)
         clear_shards(run_dir)
-    done = {c.case_id for c in results.cases if c.status != "error"}
-    results.cases = list({c.case_id: c for c in results.cases if c.case_id in done}.values())
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
@@ -116,6 +130,7 @@ def run_one(
             progress.update(task, description=f"{scenario.name}: {gpus} workers")
             results.cases += run_sharded(
                 path, max_cases, todo, run_dir, gpus, timing=timing,
+                identity=(scenario.name, digest),
                 on_progress=lambda n: progress.update(task, completed=n),
             )
             results.cases.sort(key=lambda c: c.index)

@@ -6,6 +6,10 @@ share a folder, and a lock keeps two processes from writing one folder. Everythi
 checked (the path is a folder we can create and write) is checked before any work, so bad
 ``--out`` values cost nothing. Errors are one line (``RunFolderError``), for exit code 2.
 
+A refusal leaves every folder exactly as it was: the folders are judged before any lock file is
+created (and again under the locks), and ``--overwrite`` deletes only once every folder is locked
+and judged, so the run is certain to start.
+
 The lock is ``filelock`` (already installed with torch): flock on POSIX, msvcrt on Windows, released
 by the kernel when a killed process dies, so a stale lock file never blocks a later run.
 """
@@ -21,10 +25,10 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from swa_bench.results import RESULTS_CSV, RESULTS_JSON, ResultsError, load_results
+from swa_bench.results import RESULTS_JSON, ResultsError, load_results
+from swa_bench.results import RUN_OUTPUT_FILES as OUTPUT_FILES
 
 LOCK_FILE = ".swa-bench.lock"
-OUTPUT_FILES = (RESULTS_JSON, RESULTS_CSV, "report.md", "report.html", "junit.xml", "compare.md")
 DEFAULT_ROOT = Path("reports")
 
 
@@ -87,12 +91,19 @@ def check_target(path: Path, flag: str = "--out") -> None:
 def existing_run_problem(run_dir: Path, name: str, digest: str, *, resume: bool) -> str | None:
     """Why writing scenario ``name`` (hash ``digest``) into ``run_dir`` would lose results, or
     None when it would not."""
+    from swa_bench.run.shards import SHARD_DIR, shard_files
+
     results_file = run_dir / RESULTS_JSON
     if not results_file.exists():
         leftovers = [f for f in OUTPUT_FILES if (run_dir / f).exists()]
         if leftovers:
             return (f"holds {', '.join(leftovers)} of an earlier run; use another --out folder "
                     "or pass --overwrite")
+        shards = len(shard_files(run_dir))
+        if shards and not resume:
+            return (f"holds {shards} shard file(s) ({SHARD_DIR}/) of an unfinished --gpus run; "
+                    "use --resume to finish it, --overwrite to discard it, or another --out "
+                    "folder")
         return None
     try:
         previous = load_results(results_file)
@@ -149,24 +160,55 @@ def _remove_if_empty(folders: list[Path]) -> None:
             return
 
 
+def refuse_existing(run_dir: Path, name: str, digest: str, *, resume: bool) -> None:
+    """Raise ``RunFolderError`` when writing scenario ``name`` (hash ``digest``) into ``run_dir``
+    would lose results or, on --resume, merge another run's shard files (named in the error)."""
+    problem = existing_run_problem(run_dir, name, digest, resume=resume)
+    if problem is not None:
+        raise RunFolderError(run_dir, problem)
+    if resume:
+        from swa_bench.run.shards import shard_results
+
+        shard_results(run_dir, name, digest)
+
+
+def _judge(run_dirs: Sequence[Path], names: Sequence[str], digests: Sequence[str], *,
+           resume: bool, overwrite: bool) -> None:
+    """Every folder refused or accepted as a whole, before anything is created or deleted."""
+    if overwrite:
+        return
+    for run_dir, name, digest in zip(run_dirs, names, digests, strict=True):
+        refuse_existing(run_dir, name, digest, resume=resume)
+
+
+def discard_run(run_dir: Path) -> None:
+    """``--overwrite``: the earlier run's outputs and the shard files of an unfinished one go."""
+    from swa_bench.run.shards import clear_shards
+
+    for file in OUTPUT_FILES:
+        (run_dir / file).unlink(missing_ok=True)
+    clear_shards(run_dir)
+
+
 @contextmanager
 def claim(run_dirs: Sequence[Path], names: Sequence[str], digests: Sequence[str], *,
           resume: bool, overwrite: bool, resume_command: str) -> Iterator[list[Path]]:
     """Check, create and lock every run folder before any case runs; hold the locks for the
-    run. With ``overwrite`` the earlier run's files go; temp files of a killed run always go.
+    run. Folders are judged before any lock file exists (a refusal changes nothing) and again
+    under the locks (another run may have written meanwhile). With ``overwrite`` the earlier
+    runs' files go, only once every folder is locked; temp files of a killed run always go.
     A Ctrl-C inside becomes ``Interrupted`` naming the cases kept and the command to resume."""
     for run_dir in run_dirs:
         check_target(run_dir)
+    _judge(run_dirs, names, digests, resume=resume, overwrite=overwrite)
     with ExitStack() as stack:
-        for run_dir, name, digest in zip(run_dirs, names, digests, strict=True):
+        for run_dir in run_dirs:
             _lock(run_dir, stack)
-            problem = existing_run_problem(run_dir, name, digest, resume=resume)
-            if problem is not None and not overwrite:
-                raise RunFolderError(run_dir, problem)
+        _judge(run_dirs, names, digests, resume=resume, overwrite=overwrite)
+        for run_dir in run_dirs:
             clean_temp_files(run_dir)
             if overwrite and not resume:
-                for file in OUTPUT_FILES:
-                    (run_dir / file).unlink(missing_ok=True)
+                discard_run(run_dir)
         try:
             yield list(run_dirs)
         except KeyboardInterrupt:

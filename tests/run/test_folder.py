@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -261,3 +262,104 @@ def test_ctrl_c_prints_what_was_kept_and_the_resume_command(tmp_path):
     assert "finished case" in line and f"in {out}" in line
     assert line.endswith(f"swa-bench run {path} --out {out} --resume")
     assert not list(out.glob(".*.tmp"))
+
+
+# --- a refusal changes nothing: every input judged before a folder is claimed or cleared ------
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def shard_file(folder: Path, name: str = "tiny", digest: str | None = None) -> Path:
+    """A shard file that a worker of a killed ``--gpus`` sweep of scenario ``name`` left."""
+    from swa_bench.bench.environment import scenario_hash
+
+    case = synthetic.synthetic_run(scenario_name=name).cases[0].model_dump(mode="json")
+    path = folder / ".shards" / "shard-0.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"scenario_name": name, "cases": [case],
+                                "scenario_hash": digest or scenario_hash(TINY.format(name=name))}))
+    return path
+
+
+@pytest.mark.parametrize("bad", ["select", "no_gpu"])
+def test_overwrite_deletes_nothing_when_an_input_is_refused(tmp_path, monkeypatch, bad):
+    out = tmp_path / "out"
+    earlier_run(out, "tiny")
+    before = snapshot(out)
+    path = scenario(tmp_path)
+    args = ["run", str(path), "--out", str(out), "--overwrite"]
+    if bad == "select":
+        args += ["-k", "nomatch"]
+    else:
+        path.write_text(path.read_text().replace("device: cpu", "device: cuda"))
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    result = runner.invoke(app, args)
+    one_line_exit_2(result, str(path), "--select" if bad == "select" else "no GPU")
+    assert snapshot(out) == before
+
+
+def test_select_is_checked_in_every_scenario_before_any_runs(tmp_path):
+    a = scenario(tmp_path, "a")
+    b = scenario(tmp_path, "b")
+    b.write_text(b.read_text().replace("[10, 12, 14]", "[20, 22, 24]"))
+    result = runner.invoke(app, ["run", str(a), str(b), "--out", str(tmp_path / "out"),
+                                 "-k", "T=11"])
+    one_line_exit_2(result, f"{b}: --select: no case label or id contains 'T=11'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_holding_an_unfinished_sharded_run_is_refused(tmp_path):
+    out = tmp_path / "out"
+    shard_file(out)
+    before = snapshot(out)
+    result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--out", str(out)])
+    one_line_exit_2(result, f"{out}: ", "unfinished --gpus run", "--resume", "--overwrite")
+    assert snapshot(out) == before
+
+
+def test_a_refused_run_leaves_no_lock_file_behind(tmp_path):
+    out = tmp_path / "out"
+    earlier_run(out, "tiny")
+    before = snapshot(out)
+    for flags in ([], ["--resume"]):  # a run of 'tiny'; then of another version of it
+        result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--out", str(out), *flags])
+        one_line_exit_2(result, f"{out}: ")
+        assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("who", ["another scenario", "another version"])
+def test_resume_refuses_shard_files_of_another_run(tmp_path, who):
+    out = tmp_path / "out"
+    shard = shard_file(out, "other") if who == "another scenario" else shard_file(
+        out, "tiny", digest="sha256:0")
+    before = snapshot(out)
+    result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--out", str(out), "--resume"])
+    one_line_exit_2(result, f"{shard}: ", "'other'" if who == "another scenario" else
+                    "another version of 'tiny'")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("{not json", "invalid JSON"),
+    ("", "invalid JSON"),
+    ("[]", "must be an object, not list"),
+    ('{"cases": []}', "scenario_name: Field required"),
+    ('{"scenario_name": "tiny", "scenario_hash": "h", "cases": [{"case_id": 1}]}', "cases.0"),
+])
+def test_resume_refuses_a_corrupt_shard_file_in_one_line(tmp_path, content, words):
+    out = tmp_path / "out"
+    shard = shard_file(out)
+    shard.write_text(content)
+    before = snapshot(out)
+    result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--out", str(out), "--resume"])
+    one_line_exit_2(result, f"{shard}: ", words)
+    assert snapshot(out) == before
+
+
+def test_dry_run_refuses_resume_with_overwrite_like_a_run(tmp_path):
+    result = runner.invoke(app, ["run", str(scenario(tmp_path)), "--dry-run", "--resume",
+                                 "--overwrite"])
+    one_line_exit_2(result, "--resume and --overwrite")

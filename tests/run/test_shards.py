@@ -41,7 +41,8 @@ def test_two_workers_resume_a_cut_sweep(tmp_path: Path):
     shard = run_dir / SHARD_DIR / "shard-0.json"
     run_worker(str(path), None, [cases[0].case_id], str(shard), False)
     saved = json.loads(shard.read_text())
-    saved[0]["batch"] = "kept from the killed sweep"
+    assert saved["scenario_name"] == "shard-test"  # what --resume checks before merging
+    saved["cases"][0]["batch"] = "kept from the killed sweep"
     shard.write_text(json.dumps(saved))
 
     code = run_scenarios(
@@ -54,3 +55,28 @@ def test_two_workers_resume_a_cut_sweep(tmp_path: Path):
     assert results.cases[0].batch == "kept from the killed sweep"
     assert all(c.outcome() == "pass" for c in results.cases)
     assert not list((run_dir / SHARD_DIR).glob("shard-*.json"))
+
+
+def test_resume_saves_the_shards_cases_before_a_new_sweep_clears_them(tmp_path, monkeypatch):
+    """A resumed sweep killed again must not lose what the first sweep's workers finished."""
+    import pytest
+
+    from swa_bench.run import commands
+    from swa_bench.run.folder import Interrupted
+
+    path = tmp_path / "shard.yaml"
+    path.write_text(SCENARIO)
+    _, cases = load_cases(path)
+    run_dir = tmp_path / "run"
+    (run_dir / SHARD_DIR).mkdir(parents=True)
+    run_worker(str(path), None, [cases[0].case_id], str(run_dir / SHARD_DIR / "shard-0.json"),
+               False)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "run_sharded", killed)
+    with pytest.raises(Interrupted, match="kept 1 finished case in"):
+        run_scenarios([path], out=run_dir, resume=True, timing=False, gpus=2,
+                      console=Console(quiet=True))
+    assert [c.case_id for c in load_results(run_dir).cases] == [cases[0].case_id]
