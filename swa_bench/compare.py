@@ -27,7 +27,9 @@ from swa_bench.results import (
     ResultsError,
     RunResults,
     TimingStats,
+    is_stream,
     load_results,
+    refuse_run_output,
     results_path,
     write_text_atomic,
 )
@@ -36,6 +38,7 @@ RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "war
 TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
 TIMED_PATHS = ("reference", "replay")
+CaseKey = tuple[str, int]  # what the case measures (case_key), and which repeat of it (1, 2...)
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class TimingDelta:
             side = "current" if self.current_ms is None else "baseline"
             return f"{self.path} timing absent in {side}"
         if self.verdict == "invalid":
-            return (f"{self.path} median is not a finite number "
+            return (f"{self.path} timing is not a finite number > 0 ms "
                     f"({self.baseline_ms} -> {self.current_ms} ms)")
         text = f"{self.path} {self.baseline_ms:.3f} -> {self.current_ms:.3f} ms"
         p = {"slower": self.p_slower, "faster": self.p_faster}.get(self.verdict)
@@ -66,7 +69,7 @@ class TimingDelta:
 
 @dataclass(frozen=True)
 class ComparisonRow:
-    key: str
+    key: CaseKey
     label: str
     status: RowStatus
     reasons: tuple[str, ...]
@@ -107,14 +110,15 @@ def case_key(case: CaseResult) -> str:
                        "tokens": case.tokens}, sort_keys=True, default=str)
 
 
-def _keyed(results: RunResults) -> dict[str, CaseResult]:
-    """Cases by key; a repeated key (a sweep that measures the same thing twice) gets `#n`."""
-    keyed: dict[str, CaseResult] = {}
+def _keyed(results: RunResults) -> dict[CaseKey, CaseResult]:
+    """Cases by key; a repeat (a sweep that measures the same thing twice) is told apart by its
+    count, kept beside the key rather than in its text, where any param value could fake it."""
+    keyed: dict[CaseKey, CaseResult] = {}
     seen: Counter[str] = Counter()
     for case in results.cases:
         key = case_key(case)
         seen[key] += 1
-        keyed[key if seen[key] == 1 else f"{key}#{seen[key]}"] = case
+        keyed[key, seen[key]] = case
     return keyed
 
 
@@ -122,6 +126,29 @@ def environment_differences(baseline: RunResults, current: RunResults) -> list[s
     return [f"{key}: {baseline.environment.get(key)!r} -> {current.environment.get(key)!r}"
             for key in ENVIRONMENT_GATE_KEYS
             if baseline.environment.get(key) != current.environment.get(key)]
+
+
+def _times(stats: TimingStats) -> list[tuple[str, float]]:
+    """Every time of one timed path, by its field name in results.json."""
+    return [("median_ms", stats.median_ms),
+            *((f"samples_ms.{i}", x) for i, x in enumerate(stats.samples_ms))]
+
+
+def _plausible(stats: TimingStats) -> bool:
+    """No timer measures NaN, infinite or <= 0 ms: such a figure is reported, never compared."""
+    return all(math.isfinite(x) and x > 0 for _, x in _times(stats))
+
+
+def check_times(results: RunResults, file: Path) -> None:
+    """Raise ResultsError at the first finite time <= 0 ms: bad input, as it would otherwise
+    pass for an infinite speedup (NaN and infinity are kept: they regress in the comparison)."""
+    for index, case in enumerate(results.cases):
+        for path in TIMED_PATHS:
+            stats = getattr(case.timing, path, None)
+            for field, x in _times(stats) if stats else ():
+                if math.isfinite(x) and x <= 0:
+                    raise ResultsError(file, f"cases.{index}.timing.{path}.{field}",
+                                       f"must be > 0 ms, got {x:g} (case {case.label})")
 
 
 def _p_value(current: list[float], baseline: list[float], alternative: str) -> float:
@@ -136,18 +163,16 @@ def compare_timing(path: str, baseline: TimingStats | None, current: TimingStats
     if baseline is None or current is None:
         return TimingDelta(path, baseline and baseline.median_ms, current and current.median_ms,
                            None, None, None, "absent")
-    figures = [baseline.median_ms, current.median_ms, *baseline.samples_ms, *current.samples_ms]
-    if not all(math.isfinite(x) for x in figures):  # NaN compares as "unchanged" otherwise
+    if not (_plausible(baseline) and _plausible(current)):
         return TimingDelta(path, baseline.median_ms, current.median_ms, None, None, None,
                            "invalid")
-    change = (current.median_ms / baseline.median_ms - 1.0 if baseline.median_ms > 0
-              else math.inf if current.median_ms > 0 else 0.0)
+    change = current.median_ms / baseline.median_ms - 1.0
     if min(len(baseline.samples_ms), len(current.samples_ms)) < min_samples:
         return TimingDelta(path, baseline.median_ms, current.median_ms, change, None, None,
                            "too few samples")
     p_slower = _p_value(current.samples_ms, baseline.samples_ms, "greater")
     p_faster = _p_value(current.samples_ms, baseline.samples_ms, "less")
-    speedup = baseline.median_ms / current.median_ms - 1.0 if current.median_ms > 0 else math.inf
+    speedup = baseline.median_ms / current.median_ms - 1.0
     verdict: TimingVerdict = "unchanged"
     if p_slower < alpha and change > max_slowdown:
         verdict = "slower"
@@ -168,8 +193,9 @@ def _exact_differences(name: str, baseline: dict[str, int], current: dict[str, i
     return changed, one_sided
 
 
-def compare_case(key: str, baseline: CaseResult, current: CaseResult, *, timing_gate: str | None,
-                 max_slowdown: float, alpha: float, min_samples: int) -> ComparisonRow:
+def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
+                 timing_gate: str | None, max_slowdown: float, alpha: float,
+                 min_samples: int) -> ComparisonRow:
     """`timing_gate` is None when timing may regress, else why it may not (reported instead)."""
     regressions: list[str] = []
     improvements: list[str] = []
@@ -319,7 +345,7 @@ def comparison_json(comparison: Comparison, *, baseline: str, current: str) -> d
         "matched": comparison.matched, "timing_gated": comparison.timing_gated,
         "max_slowdown": comparison.max_slowdown, "alpha": comparison.alpha,
         "warnings": list(comparison.warnings),
-        "rows": [{"label": row.label, "key": json.loads(row.key.split("#")[0]),
+        "rows": [{"label": row.label, "key": json.loads(row.key[0]),
                   "status": row.status, "reasons": list(row.reasons),
                   "timings": [{"path": t.path, "baseline_ms": finite(t.baseline_ms),
                                "current_ms": finite(t.current_ms), "change": finite(t.change),
@@ -343,6 +369,12 @@ def _check_out(out: Path, protected: set[Path], explicit: bool) -> str | None:
         return f"{out}: --out: directory {out.parent} does not exist"
     if out.resolve() in protected:
         return f"{out}: --out: refusing to overwrite a results file"
+    try:
+        refuse_run_output(out, "--out", own="compare.md")
+    except ResultsError as exc:
+        return str(exc)
+    if is_stream(out):
+        return None if os.access(out, os.W_OK) else f"{out}: --out: cannot write: not writable"
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists()
                                                          and not os.access(out, os.W_OK)):
         return f"{out}: --out: cannot write: the folder is read-only{hint}"
@@ -363,6 +395,8 @@ def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05
     try:
         baseline_results = load_results(baseline)
         current_results = load_results(current)
+        check_times(baseline_results, results_path(baseline))
+        check_times(current_results, results_path(current))
     except ResultsError as exc:
         return _fail(str(exc))
     current_json = results_path(current)

@@ -7,8 +7,10 @@ as the strings "Infinity"/"NaN": the file stays strict JSON and still round-trip
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 SCHEMA_VERSION = 1
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
+# What a run folder holds: `run --overwrite` deletes these, compare and export never replace them.
+RUN_OUTPUT_FILES = (RESULTS_JSON, RESULTS_CSV, "report.md", "report.html", "junit.xml",
+                    "compare.md")
 
 CaseStatus = Literal["ok", "failed", "error"]
 Verdict = Literal["pass", "fail", "error"]
@@ -255,16 +260,43 @@ def results_json_schema() -> dict[str, Any]:
 # --- atomic IO ---------------------------------------------------------------------------------
 
 
+def is_stream(path: str | Path) -> bool:
+    """Whether `path` is an existing character device or FIFO (/dev/null, /dev/stdout, a named
+    pipe): such a target is written in place, as renaming a file over it would replace the node."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _refuse_device(path: Path) -> None:
+    """A block device or socket is neither a file to replace nor a stream to write into: writing
+    a disk's device node would overwrite the disk."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+        raise OSError(errno.EINVAL, "is a block device or socket, not a file", str(path))
+
+
 @contextmanager
 def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temp file beside `path`, and move it over `path` only once fully written and synced.
 
     Readers see the old file or the new one, never a torn one, and a failure leaves `path` as it was
-    and no temp file behind (os.replace is atomic within one directory)."""
-    path = Path(path)
+    and no temp file behind (os.replace is atomic within one directory). A symlink keeps pointing
+    at the file it names, and a stream (`is_stream`) is written directly: nothing to tear there."""
+    kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+    if is_stream(path):
+        with open(path, mode, **kwargs) as handle:
+            yield handle
+        return
+    path = Path(os.path.realpath(path))
+    _refuse_device(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
             handle.flush()
@@ -340,6 +372,19 @@ def save_results(run_dir: str | Path, results: RunResults) -> tuple[Path, Path]:
     return json_path, csv_path
 
 
+def refuse_run_output(path: str | Path, option: str, *, own: str | None = None) -> None:
+    """Raise ResultsError when `path` (or what it links to) is an output file of a run folder (a
+    folder holding a results.json): an export or a comparison written there would replace that
+    run's results or reports. `own` is the one name the caller writes into run folders itself."""
+    path = Path(path)
+    for candidate in (path, path.resolve()):
+        if (candidate.name in RUN_OUTPUT_FILES and candidate.name != own
+                and (candidate.parent / RESULTS_JSON).is_file()):
+            raise ResultsError(path, option, f"is the {candidate.name} of the run folder "
+                               f"{candidate.parent}: refusing to replace a run's output "
+                               "(write it elsewhere)")
+
+
 def results_path(path_or_run_dir: str | Path) -> Path:
     path = Path(path_or_run_dir)
     return path / RESULTS_JSON if path.is_dir() else path
@@ -348,6 +393,8 @@ def results_path(path_or_run_dir: str | Path) -> Path:
 def load_results(path_or_run_dir: str | Path) -> RunResults:
     """Read a run's results.json (given the file or its run dir); raises ResultsError."""
     path = results_path(path_or_run_dir)
+    if path.exists() and not path.is_file():  # a FIFO blocks the read, /dev/zero never ends
+        raise ResultsError(path, None, "is not a regular file (a device, pipe or socket)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -366,7 +413,7 @@ def load_results(path_or_run_dir: str | Path) -> RunResults:
     if not isinstance(data, dict):
         raise ResultsError(path, None, f"top level must be an object, not {type(data).__name__}")
     version = data.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # True == 1 in Python
         raise ResultsError(path, "schema_version", f"unsupported version {version!r} "
                            f"(this swa-bench reads {SCHEMA_VERSION})")
     try:

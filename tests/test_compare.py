@@ -307,3 +307,62 @@ def test_deeply_nested_json_is_bad_input(tmp_path, capsys):
     console, _ = _console()
     assert compare_command(deep, deep, console=console) == 2
     assert "nested too deeply" in capsys.readouterr().err
+
+
+# --- keys, impossible times, what --out may replace -----------------------------------------
+
+
+def test_a_hash_in_a_param_round_trips_through_json(tmp_path, capsys):
+    """The repeat count was appended to the key text as `#n` and split off at the first `#`."""
+    baseline = run()
+    for case in baseline.cases:
+        case.params = {**case.params, "note": "tile#2 #3"}
+    baseline.cases.append(baseline.cases[0].model_copy(deep=True))
+    base_dir, cur_dir = _dirs(tmp_path, baseline, baseline.model_copy(deep=True))
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, console=console, as_json=True) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == len(baseline.cases)
+    assert {row["key"]["params"]["note"] for row in rows} == {"tile#2 #3"}
+    assert {row["status"] for row in rows} == {"unchanged"}
+
+
+@pytest.mark.parametrize("side", ["baseline", "current"])
+@pytest.mark.parametrize("value", [0.0, -1.5])
+def test_a_time_of_zero_or_less_is_bad_input(tmp_path, capsys, side, value):
+    """No timer measures it; it used to pass for an infinite speedup (or slowdown)."""
+    runs = {"baseline": run(), "current": run(seed=1)}
+    stats = runs[side].cases[2].timing.replay
+    runs[side].cases[2].timing.replay = stats.model_copy(update={"median_ms": value})
+    base_dir, cur_dir = _dirs(tmp_path, runs["baseline"], runs["current"])
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, console=console) == 2
+    err = capsys.readouterr().err
+    folder = base_dir if side == "baseline" else cur_dir
+    assert err == (f"{folder / 'results.json'}: cases.2.timing.replay.median_ms: must be > 0 ms, "
+                   f"got {value:g} (case {runs[side].cases[2].label})\n")
+    assert not (cur_dir / "compare.md").exists()
+    row = compare_runs(runs["baseline"], runs["current"]).rows[2]
+    assert row.status == "regressed" and "not a finite number > 0" in row.reasons[0]
+
+
+def test_any_run_folders_output_is_refused_but_a_compare_md(tmp_path, capsys):
+    base_dir, cur_dir = _dirs(tmp_path, run(), run(seed=1))
+    (tmp_path / "third").mkdir()
+    save_results(tmp_path / "third", run(seed=2))
+    for run_dir in (base_dir, cur_dir, tmp_path / "third"):
+        for report in ("report.md", "report.html", "junit.xml", "compare.md"):
+            (run_dir / report).write_text(f"{run_dir.name} {report}")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for folder, name in [("third", "results.json"), ("cur", "results.csv"), ("cur", "report.md"),
+                         ("base", "junit.xml"), ("third", "report.html")]:
+        out = tmp_path / folder / name
+        console, _ = _console()
+        assert compare_command(base_dir, cur_dir, out=out, console=console) == 2
+        assert capsys.readouterr().err == (
+            f"{out}: --out: is the {name} of the run folder {tmp_path / folder}: refusing to "
+            "replace a run's output (write it elsewhere)\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, out=base_dir / "compare.md", console=console) == 0
+    assert (base_dir / "compare.md").read_text().startswith("# swa-bench compare")

@@ -1,5 +1,7 @@
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import jsonschema
@@ -9,12 +11,15 @@ import pytest
 from swa_bench.results import (
     RESULTS_CSV,
     RESULTS_JSON,
+    RUN_OUTPUT_FILES,
     ResultsError,
     RunResults,
     atomic_writer,
     load_results,
+    refuse_run_output,
     results_json_schema,
     save_results,
+    write_text_atomic,
 )
 from tests.report.synthetic import synthetic_run
 
@@ -117,6 +122,7 @@ def _broken(tmp_path: Path, mutate) -> Path:
     (lambda d: d["cases"][0]["checks"][0].update(passed="maybe"), "cases.0.checks.0.passed",
      "boolean"),
     (lambda d: d.update(schema_version=2), "schema_version", "unsupported version 2"),
+    (lambda d: d.update(schema_version=True), "schema_version", "unsupported version True"),
 ])
 def test_invalid_content_names_the_field(tmp_path, mutate, field, words):
     path = _broken(tmp_path, mutate)
@@ -139,6 +145,15 @@ def test_unparseable_files(tmp_path, text, words):
         load_results(path)
     assert str(info.value).startswith(f"{path}: ") and words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_pipe_is_refused_unread(tmp_path):
+    """A FIFO reports size 0 and blocks the reader until a writer comes: refused before."""
+    fifo = tmp_path / "results.json"
+    os.mkfifo(fifo)
+    for given in (fifo, tmp_path):
+        with pytest.raises(ResultsError, match="is not a regular file"):
+            load_results(given)
 
 
 def test_missing_file_and_empty_run_dir(tmp_path):
@@ -164,3 +179,69 @@ def test_a_failed_check_fails_the_case_whatever_its_status():
     failing = next(c for c in results.cases if c.status == "failed")
     relabelled = failing.model_copy(update={"status": "ok"})
     assert relabelled.outcome() == "fail"
+
+
+# --- where atomic writes go --------------------------------------------------------------------
+
+
+def test_a_run_folders_output_is_refused_and_nothing_else(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_results(run_dir, synthetic_run())
+    for name in RUN_OUTPUT_FILES:
+        link = tmp_path / f"link-to-{name}"
+        link.symlink_to(run_dir / name)
+        for out in (run_dir / name, link):
+            with pytest.raises(ResultsError) as info:
+                refuse_run_output(out, "--out")
+            assert str(info.value) == (f"{out}: --out: is the {name} of the run folder {run_dir}: "
+                                       "refusing to replace a run's output (write it elsewhere)")
+    refuse_run_output(run_dir / "compare.md", "--out", own="compare.md")
+    refuse_run_output(run_dir / "benchmark.json", "--out")
+    refuse_run_output(tmp_path / "report.md", "--out")
+
+
+def test_a_fifo_is_written_in_place(tmp_path):
+    """Renaming a temp file over a named pipe replaced it with a regular file nobody reads."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        write_text_atomic(fifo, "through the pipe")
+        assert os.read(reader, 1024) == b"through the pipe"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and _no_temp_files(tmp_path)
+
+
+def test_a_character_device_stays_one(tmp_path):
+    """A node like /dev/null (made here, so the machine's own is never at stake)."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    write_text_atomic(null, "discarded")
+    assert stat.S_ISCHR(os.stat(null).st_mode) and _no_temp_files(tmp_path)
+
+
+def test_a_symlink_keeps_pointing_at_the_file_it_names(tmp_path):
+    target = tmp_path / "target.md"
+    target.write_text("old")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    write_text_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+
+def test_a_block_device_is_refused(tmp_path):
+    """Neither replaced nor written: writing a disk's node overwrites the disk. The numbers name
+    no device (240 is for local use), so nothing real is at stake."""
+    disk = tmp_path / "disk"
+    try:
+        os.mknod(disk, stat.S_IFBLK | 0o600, os.makedev(240, 250))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    with pytest.raises(OSError, match="block device"):
+        write_text_atomic(disk, "not on a disk")
+    assert stat.S_ISBLK(os.stat(disk).st_mode) and _no_temp_files(tmp_path)
