@@ -325,6 +325,9 @@ def run(
     paths = _resolve(scenarios) if scenarios else [default_scenario_path()]
     loaded = _load_all(paths, max_cases)
     _check_environment()
+    if resume and overwrite:  # refused with --dry-run too: it must say what the run would do
+        _say_error("swa-bench run: --resume and --overwrite contradict each other; pick one")
+        raise typer.Exit(2)
     if dry_run:
         console = Console()
         for path, scenario, cases in loaded:
@@ -334,9 +337,6 @@ def run(
                 console.width = max(console.width, Measurement.get(console, wide, table).maximum)
             console.print(table)
         return
-    if resume and overwrite:
-        _say_error("swa-bench run: --resume and --overwrite contradict each other; pick one")
-        raise typer.Exit(2)
     for path, scenario, _ in loaded:
         layout = scenario.parallel.layout()
         if layout.parallel:
@@ -497,15 +497,27 @@ def export(
     """Export the medians as github-action-benchmark's `customSmallerIsBetter` JSON.
 
     One entry per case and timed path, in ms, with p10–p90 as the range. Feed the file to
-    `benchmark-action/github-action-benchmark` with `tool: customSmallerIsBetter`.
+    `benchmark-action/github-action-benchmark` with `tool: customSmallerIsBetter`. A median that
+    is not a finite number is left out, with a warning on stderr. --out may not name a run's
+    results or reports.
 
     Exit codes: 0 written; 2 no readable results, or --out cannot be written.
     """
-    from swa_bench.report.export import github_benchmark_entries
-    from swa_bench.results import load_results, write_text_atomic
+    from swa_bench.report.export import (
+        check_export_out,
+        export_json,
+        github_benchmark_entries,
+        left_out,
+    )
+    from swa_bench.results import load_results, results_path, write_text_atomic
 
     try:
-        text = json.dumps(github_benchmark_entries(load_results(run_dir)), indent=2) + "\n"
+        if out is not None:
+            check_export_out(out, run_dir)
+        results = load_results(run_dir)
+        text = export_json(github_benchmark_entries(results))
+        for line in left_out(results):
+            _say_error(f"warning: {results_path(run_dir)}: {line}")
         if out is None:
             typer.echo(text, nl=False)
         else:
@@ -550,7 +562,14 @@ def kernels(
     """
     import torch
 
-    from swa_bench.bench.kernels import PROBLEMS, SWEEP_TILES, bench_kernels, measure_peaks
+    from swa_bench.bench.kernels import (
+        PROBLEMS,
+        SWEEP_TILES,
+        bench_kernels,
+        free_bytes,
+        measure_peaks,
+        resident_bytes,
+    )
     from swa_bench.model.args import PRESETS
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -569,7 +588,16 @@ def kernels(
     _check_environment()
     args = PRESETS[preset]
     counts = list(tokens or [16384 if gpu else 48])
-    args = args.replace(max_requests=1, max_seq_len=max(max(counts), args.window))
+    try:
+        args = args.replace(max_requests=1, max_seq_len=max(max(counts), args.window))
+    except ValueError as err:  # a context no machine holds
+        _say_error(f"--tokens: {max(counts)} rows: {err}")
+        raise typer.Exit(2) from None
+    need, free = resident_bytes(args, max(counts), getattr(torch, dtype), names), free_bytes(device)
+    if need > free:
+        _say_error(f"--tokens: {max(counts)} rows need at least {need / 2**30:.3g} GiB, "
+                   f"{device.type} has {free / 2**30:.3g} GiB free")
+        raise typer.Exit(2)
     console = _plain_console(stderr=as_json)
     peaks = measure_peaks(device, getattr(torch, dtype))
     top_k = args.index_topk or 4 * args.window

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import resource
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -77,8 +78,15 @@ SCENARIOS = [
      "max_capture_size: "),
     ("huge_override.yaml", "name: t\nmodel: {overrides: {dim: 1" + "0" * 30 + "}}\n" + BASE,
      "model.overrides.dim: "),
+    ("huge_vocab.yaml", "name: t\nmodel: {overrides: {vocab_size: 10000000000000}}\n" + BASE,
+     "model.overrides.vocab_size: the weights and caches need at least"),
+    ("huge_context.yaml", "name: t\nmodel: {overrides: {max_seq_len: 9000000000000000000}}\n"
+     + BASE, "model.overrides.max_seq_len: the weights and caches need at least"),
     ("binary.yaml", "name: t\n\x00\x01\n", ""),
     ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
+    ("long_list.yaml", "name: l\n" + BASE + "sweep:\n  grid:\n    seed: ["
+     + ", ".join(map(str, range(100_001))) + "]\n",
+     "sweep.grid.seed: holds more than 100000 values"),
 ]
 
 
@@ -110,6 +118,16 @@ def test_the_bombs_stop_run_and_check_too(corpus, tmp_path, command):
 def test_a_huge_file_is_refused_unread(corpus):
     proc = swa_bench("validate", str(corpus / "huge_file.yaml"))
     assert_one_line_exit_2(proc, "larger than")
+
+
+def test_devices_and_pipes_are_refused_unread(tmp_path):
+    """Their reported size is 0: /dev/zero used to fill memory, a FIFO to block forever."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", "/dev/urandom", str(fifo)):
+        for command in (("validate",), ("run", "--dry-run")):
+            proc = swa_bench(*command, path, cwd=tmp_path)
+            assert_one_line_exit_2(proc, f"{path}: is not a regular file")
 
 
 def test_max_cases_raises_the_cap(tmp_path):
@@ -188,3 +206,65 @@ def test_markup_in_an_error_is_printed_as_written(tmp_path):
     path.write_text("name: x\n" + BASE + "seed: [enforce fail at alloc.cpp:12]\n")
     proc = swa_bench("validate", str(path))
     assert_one_line_exit_2(proc, "[red]odd.yaml: seed: must be an integer")
+
+
+@pytest.fixture
+def two_runs(tmp_path) -> tuple[Path, Path]:
+    from swa_bench.results import save_results
+    from tests.report.synthetic import synthetic_run
+
+    runs = (tmp_path / "baseline", tmp_path / "current")
+    for run_dir in runs:
+        run_dir.mkdir()
+        save_results(run_dir, synthetic_run(failing=False, error=False))
+    return runs
+
+
+@pytest.fixture
+def dev_null_kept():
+    """Fails a test that replaces the machine's /dev/null, and puts the device back first."""
+    yield
+    if not stat.S_ISCHR(os.stat("/dev/null").st_mode):
+        os.remove("/dev/null")
+        os.mknod("/dev/null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.chmod("/dev/null", 0o666)
+        pytest.fail("/dev/null was replaced by a regular file (restored)")
+
+
+def _out_commands(runs: tuple[Path, Path], out: Path) -> list[tuple[str, ...]]:
+    return [("export", str(runs[1]), "--out", str(out)),
+            ("compare", str(runs[0]), str(runs[1]), "--out", str(out))]
+
+
+def test_dev_null_as_out_stays_a_device(two_runs, dev_null_kept):
+    """Root used to rename the temp file over /dev/null (others lacked the right to write /dev)."""
+    for command in _out_commands(two_runs, Path("/dev/null")):
+        proc = swa_bench(*command)
+        assert proc.returncode == 0, proc.stderr
+        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_named_pipe_as_out_is_written_through(two_runs, tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for command, head in zip(_out_commands(two_runs, fifo), (b"[", b"# swa-bench compare"),
+                             strict=True):
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            proc = swa_bench(*command)
+            assert proc.returncode == 0, proc.stderr
+            assert os.read(reader, 1 << 16).startswith(head)
+        finally:
+            os.close(reader)
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
+def test_resume_over_a_corrupt_shard_file_is_one_line(tmp_path, tiny_scenario, content):
+    out = tmp_path / "out"
+    shard = out / ".shards" / "shard-0.json"
+    shard.parent.mkdir(parents=True)
+    shard.write_text(content)
+    proc = swa_bench("run", str(tiny_scenario), "--out", str(out), "--resume")
+    assert_one_line_exit_2(proc, f"{shard}: ")
+    assert shard.read_text() == content and sorted(p.name for p in out.iterdir()) == [".shards"]

@@ -73,6 +73,28 @@ class Problem:
     keys_per_row: float
 
 
+def resident_bytes(args: ModelArgs, tokens: int, dtype: torch.dtype,
+                   names: tuple[str, ...] = PROBLEMS) -> int:
+    """What the problems hold at once, before any path's own workspace: the caches (built on the
+    meta device, so their size is exact), queries, outputs, keys and the sparse selection."""
+    cache = KVCache(args, torch.device("meta"), dtype)
+    held = sum(t.numel() * t.element_size() for t in cache.tensors().values())
+    elt = torch.empty((), dtype=dtype).element_size()
+    held += tokens * (2 * args.n_heads + 1) * args.head_dim * elt
+    if "sparse" in names:
+        held += tokens * (args.index_topk or 4 * args.window) * 20  # fp32 draw, two int64
+    return held
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a problem can take now: the GPU's free memory, or the host's available pages."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def _prefill(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dtype):
     """A cold prefill of ``tokens`` rows of one request, random queries, keys and caches."""
     layout = RequestLayout(cache_index=0, q_start=0, q_len=tokens, q_first_pos=0, kv_start=0,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+MAX_RESIDENT_BYTES = 4 * 2**40
+
 
 @dataclass
 class ModelArgs:
@@ -121,7 +123,29 @@ class ModelArgs:
             out.append(("kv_sources", "must be sorted and without duplicates"))
         elif self.kv_sources[0] < 0 or self.kv_sources[-1] >= self.n_layers:
             out.append(("kv_sources", f"layers must lie in [0, n_layers={self.n_layers})"))
+        if not out:
+            field_name, size = max(self.least_resident_bytes().items(), key=lambda kv: kv[1])
+            total = sum(self.least_resident_bytes().values())
+            if total > MAX_RESIDENT_BYTES:
+                out.append((field_name, f"the weights and caches need at least "
+                                        f"{total / 2**40:.3g} TiB in bf16 ({size / 2**40:.3g} "
+                                        f"TiB from {field_name}), above the "
+                                        f"{MAX_RESIDENT_BYTES // 2**40} TiB any one machine "
+                                        "holds"))
         return out
+
+    def least_resident_bytes(self) -> dict[str, int]:
+        """A lower bound of the model's memory in bf16, by the field that sets each part: the
+        embedding, the routed experts and the KV caches (everything else only adds)."""
+        pools = self.expert_weight_pools or self.n_layers
+        rows = self.max_requests * self.head_dim
+        return {
+            "vocab_size": 2 * self.vocab_size * self.dim,
+            "n_routed_experts": 2 * pools * self.n_routed_experts * 3 * self.dim
+            * self.moe_inter_dim,
+            "max_seq_len": 2 * rows * (self.n_layers * self.window
+                                       + len(self.kv_sources) * self.max_seq_len),
+        }
 
     @property
     def last_kv_source(self) -> int:

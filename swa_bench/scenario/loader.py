@@ -51,34 +51,40 @@ def _check_shape(root: yaml.Node, file: str) -> None:
     later step (validation, sweep expansion, hashing a case) would follow the aliases."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
+    aliased = False
 
-    def size(node: yaml.Node, depth: int) -> int:
+    def size(node: yaml.Node, loc: tuple[str | int, ...]) -> int:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            aliased = True
             return sizes[key]
         line = node.start_mark.line + 1
         if key in open_nodes:
-            raise ScenarioError(file, "", "a YAML alias refers to a node that contains it", line)
-        if depth > MAX_DEPTH:
+            raise ScenarioError(file, dotted(loc), "a YAML alias refers to a node that contains "
+                                                   "it", line)
+        if len(loc) > MAX_DEPTH:
             raise ScenarioError(file, "", f"nested deeper than {MAX_DEPTH} levels", line)
         open_nodes.add(key)
         total = 1
         if isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
+            children = [(loc, k) for k, _ in node.value] + [
+                ((*loc, str(k.value)), v) for k, v in node.value]
         elif isinstance(node, yaml.SequenceNode):
-            children = node.value
+            children = [((*loc, i), item) for i, item in enumerate(node.value)]
         else:
             children = []
-        for child in children:
-            total += size(child, depth + 1)
+        for child_loc, child in children:
+            total += size(child, child_loc)
             if total > MAX_NODES:
-                raise ScenarioError(file, "", f"YAML aliases expand to more than {MAX_NODES} "
-                                              "values; write the values out", line)
+                how = ("YAML aliases expand to" if aliased else "holds")
+                raise ScenarioError(file, dotted(loc), f"{how} more than {MAX_NODES} values; a "
+                                    "scenario is a few dozen lines", line)
         open_nodes.discard(key)
         sizes[key] = total
         return total
 
-    size(root, 0)
+    size(root, ())
 
 
 def _check_ints(data: Any, file: str, text: str) -> None:
@@ -118,10 +124,14 @@ def _read(path: Path, file: str) -> str:
     try:
         if path.is_dir():
             raise ScenarioError(file, "", "is a directory, not a scenario file")
-        if path.exists() and path.stat().st_size > MAX_FILE_BYTES:
+        if path.exists() and not path.is_file():
+            raise ScenarioError(file, "", "is not a regular file (a device, pipe or socket)")
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
             raise ScenarioError(file, "", f"file is larger than {MAX_FILE_BYTES // 1000} kB; "
                                           "a scenario is a few dozen lines")
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ScenarioError(file, "", "no such file") from None
     except UnicodeDecodeError as err:

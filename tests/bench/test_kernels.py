@@ -32,8 +32,21 @@ def test_kernels_command_reports_each_problem_and_path():
 
 
 @pytest.mark.parametrize("option", [["--problem", "flash"], ["--preset", "nope"],
-                                    ["--dtype", "int8"]])
+                                    ["--dtype", "int8"], ["--tokens", "100000000000"]])
 def test_kernels_command_refuses_bad_options_with_one_line(option):
     result = RUNNER.invoke(app, ["kernels", *option])
     assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_resident_bytes_counts_what_a_prefill_allocates():
+    """Against the tensors the problems' prefill really builds: caches, queries and keys (the
+    estimate adds the outputs, one more query-sized tensor)."""
+    import torch
+
+    from swa_bench.bench.kernels import _prefill, resident_bytes
+
+    args = PRESETS["tiny"].replace(max_requests=1, max_seq_len=64)
+    _, cache, q, kv, _, _ = _prefill(args, 64, torch.device("cpu"), torch.float32)
+    built = sum(t.numel() * t.element_size() for t in (*cache.tensors().values(), q, kv))
+    assert resident_bytes(args, 64, torch.float32, ("window",)) == built + q.numel() * 4
