@@ -23,6 +23,7 @@ from rich.markup import escape
 from scipy.stats import mannwhitneyu
 
 from swa_bench.results import (
+    TIMED_PATHS,
     CaseResult,
     ResultsError,
     RunResults,
@@ -37,7 +38,6 @@ from swa_bench.results import (
 RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
 TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
-TIMED_PATHS = ("reference", "replay")
 CaseKey = tuple[str, int]  # what the case measures (case_key), and which repeat of it (1, 2...)
 
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 SCHEMA_VERSION = 1
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
+TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
 # What a run folder holds: `run --overwrite` deletes these, compare and export never replace them.
 RUN_OUTPUT_FILES = (RESULTS_JSON, RESULTS_CSV, "report.md", "report.html", "junit.xml",
                     "compare.md")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from swa_bench.results import (
+    TIMED_PATHS,
     CaseResult,
     ResultsError,
     RunResults,
@@ -16,8 +17,6 @@ from swa_bench.results import (
     refuse_run_output,
     results_path,
 )
-
-TIMED_PATHS = ("reference", "replay")
 
 
 def _timed(results: RunResults) -> Iterator[tuple[int, CaseResult, str, TimingStats]]:

@@ -10,6 +10,10 @@ A refusal leaves every folder exactly as it was: the folders are judged before a
 created (and again under the locks), and ``--overwrite`` deletes only once every folder is locked
 and judged, so the run is certain to start.
 
+A folder's shard files (``.shards/``, written by a ``--gpus`` sweep's workers, ``run/shards.py``)
+are part of its run: each names its scenario (name and source hash), as results.json does, so a
+shard of another scenario, or one that cannot be read, is refused with one line, never merged.
+
 The lock is ``filelock`` (already installed with torch): flock on POSIX, msvcrt on Windows, released
 by the kernel when a killed process dies, so a stale lock file never blocks a later run.
 """
@@ -17,6 +21,7 @@ by the kernel when a killed process dies, so a stale lock file never blocks a la
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
 from collections.abc import Iterator, Sequence
@@ -24,12 +29,16 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from swa_bench.results import RESULTS_JSON, ResultsError, load_results
+from swa_bench.results import RESULTS_JSON, CaseResult, ResultsError, load_results
 from swa_bench.results import RUN_OUTPUT_FILES as OUTPUT_FILES
 
 LOCK_FILE = ".swa-bench.lock"
 DEFAULT_ROOT = Path("reports")
+SHARD_DIR = ".shards"  # a --gpus sweep's workers save their cases here (run/shards.py)
+RESUME_HINT = ("delete it to resume without its cases, or pass --overwrite instead of --resume "
+               "to start over")
 
 
 class RunFolderError(ValueError):
@@ -91,8 +100,6 @@ def check_target(path: Path, flag: str = "--out") -> None:
 def existing_run_problem(run_dir: Path, name: str, digest: str, *, resume: bool) -> str | None:
     """Why writing scenario ``name`` (hash ``digest``) into ``run_dir`` would lose results, or
     None when it would not."""
-    from swa_bench.run.shards import SHARD_DIR, shard_files
-
     results_file = run_dir / RESULTS_JSON
     if not results_file.exists():
         leftovers = [f for f in OUTPUT_FILES if (run_dir / f).exists()]
@@ -167,8 +174,6 @@ def refuse_existing(run_dir: Path, name: str, digest: str, *, resume: bool) -> N
     if problem is not None:
         raise RunFolderError(run_dir, problem)
     if resume:
-        from swa_bench.run.shards import shard_results
-
         shard_results(run_dir, name, digest)
 
 
@@ -183,8 +188,6 @@ def _judge(run_dirs: Sequence[Path], names: Sequence[str], digests: Sequence[str
 
 def discard_run(run_dir: Path) -> None:
     """``--overwrite``: the earlier run's outputs and the shard files of an unfinished one go."""
-    from swa_bench.run.shards import clear_shards
-
     for file in OUTPUT_FILES:
         (run_dir / file).unlink(missing_ok=True)
     clear_shards(run_dir)
@@ -250,3 +253,64 @@ def resume_command(files: Sequence[str | Path], out: Path | None, run_dirs: Sequ
     if folder is not None:
         args += ["--out", str(folder)]
     return shlex.join([*args, "--resume"])
+
+
+# --- shard files: the cases a --gpus sweep's workers finished ----------------------------------
+
+
+class Shard(BaseModel):
+    """One worker's file: the cases it finished and the scenario they belong to."""
+
+    model_config = ConfigDict(extra="forbid")
+    scenario_name: str
+    scenario_hash: str
+    cases: list[CaseResult]
+
+
+def shard_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / SHARD_DIR).glob("shard-*.json"))
+
+
+def shard_results(run_dir: Path, name: str, digest: str) -> list[CaseResult]:
+    """Every case that workers of a sweep of scenario ``name`` (source hash ``digest``) saved.
+    Raises ``RunFolderError`` naming the first shard file that cannot be read or that another
+    scenario (or version) wrote: merging it would mix runs."""
+    found = []
+    for path in shard_files(run_dir):
+        shard = read_shard(path)
+        if shard.scenario_name != name:
+            raise RunFolderError(path, f"holds cases of scenario {shard.scenario_name!r}, not "
+                                       f"{name!r}; {RESUME_HINT}")
+        if shard.scenario_hash != digest:
+            raise RunFolderError(path, f"holds cases of another version of {name!r}; "
+                                       f"{RESUME_HINT}")
+        found += shard.cases
+    return found
+
+
+def read_shard(path: Path) -> Shard:
+    """One shard file, or ``RunFolderError`` (one line) saying why it cannot be used."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFolderError(path, f"cannot read: {err}; {RESUME_HINT}") from None
+    except json.JSONDecodeError as err:
+        raise RunFolderError(path, f"invalid JSON: {err.msg} (line {err.lineno}); "
+                                   f"{RESUME_HINT}") from None
+    except RecursionError:
+        raise RunFolderError(path, f"JSON nested too deeply; {RESUME_HINT}") from None
+    if not isinstance(data, dict):
+        raise RunFolderError(path, f"not a shard file of this swa-bench: the top level must be "
+                                   f"an object, not {type(data).__name__}; {RESUME_HINT}")
+    try:
+        return Shard.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise RunFolderError(path, f"not a shard file of this swa-bench: {field}: "
+                                   f"{first['msg']}; {RESUME_HINT}") from None
+
+
+def clear_shards(run_dir: Path) -> None:
+    for path in shard_files(run_dir):
+        path.unlink()

@@ -7,14 +7,12 @@ a CPU machine the N workers share the cores), runs its cases with a ``CaseRunner
 rewrites ``.shards/shard-K.json`` atomically after every case. The parent folds the shard files
 into results.json when the workers end, and again at the start of a ``--resume``, so a killed
 sweep keeps every case any worker finished. Cases are independent: no process group is needed.
-
-A shard file names the scenario (name and source hash) its cases came from, as results.json does:
-a shard of another scenario, or one that cannot be read, is refused with one line, never merged.
+The shard files themselves (their format and who may merge them) belong to the run folder
+(``folder.shard_results``).
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import time
@@ -22,81 +20,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from swa_bench.bench.environment import scenario_hash
 from swa_bench.bench.timing import num_threads
 from swa_bench.results import CaseResult, write_text_atomic
 from swa_bench.run.cases import CaseRunner
-from swa_bench.run.folder import RunFolderError
+from swa_bench.run.folder import SHARD_DIR, Shard, clear_shards, shard_results
 from swa_bench.scenario import Case, load_cases
-
-SHARD_DIR = ".shards"
-RESUME_HINT = ("delete it to resume without its cases, or pass --overwrite instead of --resume "
-               "to start over")
-
-
-class Shard(BaseModel):
-    """One worker's file: the cases it finished and the scenario they belong to."""
-
-    model_config = ConfigDict(extra="forbid")
-    scenario_name: str
-    scenario_hash: str
-    cases: list[CaseResult]
 
 
 def deal(cases: Sequence[Case], workers: int) -> list[list[Case]]:
     """Round-robin: worker k gets cases k, k + workers, ... (empty shards dropped)."""
     return [list(cases[k::workers]) for k in range(workers) if cases[k::workers]]
-
-
-def shard_files(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / SHARD_DIR).glob("shard-*.json"))
-
-
-def shard_results(run_dir: Path, name: str, digest: str) -> list[CaseResult]:
-    """Every case that workers of a sweep of scenario ``name`` (source hash ``digest``) saved.
-    Raises ``RunFolderError`` naming the first shard file that cannot be read or that another
-    scenario (or version) wrote: merging it would mix runs."""
-    found = []
-    for path in shard_files(run_dir):
-        shard = read_shard(path)
-        if shard.scenario_name != name:
-            raise RunFolderError(path, f"holds cases of scenario {shard.scenario_name!r}, not "
-                                       f"{name!r}; {RESUME_HINT}")
-        if shard.scenario_hash != digest:
-            raise RunFolderError(path, f"holds cases of another version of {name!r}; "
-                                       f"{RESUME_HINT}")
-        found += shard.cases
-    return found
-
-
-def read_shard(path: Path) -> Shard:
-    """One shard file, or ``RunFolderError`` (one line) saying why it cannot be used."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunFolderError(path, f"cannot read: {err}; {RESUME_HINT}") from None
-    except json.JSONDecodeError as err:
-        raise RunFolderError(path, f"invalid JSON: {err.msg} (line {err.lineno}); "
-                                   f"{RESUME_HINT}") from None
-    except RecursionError:
-        raise RunFolderError(path, f"JSON nested too deeply; {RESUME_HINT}") from None
-    if not isinstance(data, dict):
-        raise RunFolderError(path, f"not a shard file of this swa-bench: the top level must be "
-                                   f"an object, not {type(data).__name__}; {RESUME_HINT}")
-    try:
-        return Shard.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise RunFolderError(path, f"not a shard file of this swa-bench: {field}: "
-                                   f"{first['msg']}; {RESUME_HINT}") from None
-
-
-def clear_shards(run_dir: Path) -> None:
-    for path in shard_files(run_dir):
-        path.unlink()
 
 
 def run_worker(
