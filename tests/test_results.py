@@ -4,7 +4,6 @@ import os
 import stat
 from pathlib import Path
 
-import jsonschema
 import pandas as pd
 import pytest
 
@@ -55,6 +54,18 @@ def test_non_finite_floats_stay_strict_json_and_round_trip(tmp_path):
     assert failed.worst_diagnostic().tensor == "ring.layer3"
 
 
+def _jsonschema():
+    """The ``[test]`` extra installs it, so under CI it must be there; the H200 image lacks it,
+    and its ``pytest -m cuda`` still collects this module."""
+    try:
+        import jsonschema
+    except ImportError:
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail("jsonschema is missing and CI is set: the schema check must run in CI")
+        pytest.skip("jsonschema is not installed")
+    return jsonschema
+
+
 def test_schema_describes_the_saved_file(tmp_path):
     schema = results_json_schema()
     assert set(schema["required"]) >= {"scenario_name", "scenario_file", "scenario_hash",
@@ -71,7 +82,7 @@ def test_schema_describes_the_saved_file(tmp_path):
     data["cases"] = [c for c in data["cases"]
                      if "Infinity" not in json.dumps(c) and "NaN" not in json.dumps(c)]
     assert data["cases"], "at least one case validated"
-    jsonschema.validate(data, schema)
+    _jsonschema().validate(data, schema)
 
 
 def test_csv_has_one_row_per_case_with_key_columns(tmp_path):
