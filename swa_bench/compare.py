@@ -32,6 +32,7 @@ from swa_bench.results import (
     load_results,
     refuse_run_output,
     results_path,
+    timed_paths,
     write_text_atomic,
 )
 
@@ -142,13 +143,11 @@ def _plausible(stats: TimingStats) -> bool:
 def check_times(results: RunResults, file: Path) -> None:
     """Raise ResultsError at the first finite time <= 0 ms: bad input, as it would otherwise
     pass for an infinite speedup (NaN and infinity are kept: they regress in the comparison)."""
-    for index, case in enumerate(results.cases):
-        for path in TIMED_PATHS:
-            stats = getattr(case.timing, path, None)
-            for field, x in _times(stats) if stats else ():
-                if math.isfinite(x) and x <= 0:
-                    raise ResultsError(file, f"cases.{index}.timing.{path}.{field}",
-                                       f"must be > 0 ms, got {x:g} (case {case.label})")
+    for index, case, path, stats in timed_paths(results):
+        for field, x in _times(stats):
+            if math.isfinite(x) and x <= 0:
+                raise ResultsError(file, f"cases.{index}.timing.{path}.{field}",
+                                   f"must be > 0 ms, got {x:g} (case {case.label})")
 
 
 def _p_value(current: list[float], baseline: list[float], alternative: str) -> float:

@@ -373,6 +373,15 @@ def save_results(run_dir: str | Path, results: RunResults) -> tuple[Path, Path]:
     return json_path, csv_path
 
 
+def timed_paths(results: RunResults) -> Iterator[tuple[int, CaseResult, str, TimingStats]]:
+    """(case position, case, path, its timing) for every timed path of every case."""
+    for index, case in enumerate(results.cases):
+        for path in TIMED_PATHS:
+            stats = getattr(case.timing, path, None)
+            if stats is not None:
+                yield index, case, path, stats
+
+
 def refuse_run_output(path: str | Path, option: str, *, own: str | None = None) -> None:
     """Raise ResultsError when `path` (or what it links to) is an output file of a run folder (a
     folder holding a results.json): an export or a comparison written there would replace that

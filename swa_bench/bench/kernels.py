@@ -10,6 +10,7 @@ at the measured copy bandwidth.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -90,8 +91,6 @@ def free_bytes(device: torch.device) -> int:
     """Memory a problem can take now: the GPU's free memory, or the host's available pages."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 

@@ -124,8 +124,9 @@ class ModelArgs:
         elif self.kv_sources[0] < 0 or self.kv_sources[-1] >= self.n_layers:
             out.append(("kv_sources", f"layers must lie in [0, n_layers={self.n_layers})"))
         if not out:
-            field_name, size = max(self.least_resident_bytes().items(), key=lambda kv: kv[1])
-            total = sum(self.least_resident_bytes().values())
+            parts = self.least_resident_bytes()
+            field_name, size = max(parts.items(), key=lambda kv: kv[1])
+            total = sum(parts.values())
             if total > MAX_RESIDENT_BYTES:
                 out.append((field_name, f"the weights and caches need at least "
                                         f"{total / 2**40:.3g} TiB in bf16 ({size / 2**40:.3g} "

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from swa_bench.results import (
-    TIMED_PATHS,
     CaseResult,
     ResultsError,
     RunResults,
     TimingStats,
     refuse_run_output,
     results_path,
+    timed_paths,
 )
-
-
-def _timed(results: RunResults) -> Iterator[tuple[int, CaseResult, str, TimingStats]]:
-    """(case position, case, path, its timing) for every timed path of every case."""
-    for index, case in enumerate(results.cases):
-        for path in TIMED_PATHS:
-            stats = getattr(case.timing, path, None)
-            if stats is not None:
-                yield index, case, path, stats
 
 
 def _entry(results: RunResults, case: CaseResult, path: str, stats: TimingStats
@@ -47,7 +37,7 @@ def github_benchmark_entries(results: RunResults) -> list[dict[str, Any]]:
     named ``<scenario>/<case label>/<path>`` (stable while the sweep is), value the median in ms,
     range p10–p90, extra the sample count and the speedup. A median that is not a finite number
     is left out (see `left_out`): JSON has no NaN, and the action parses with JSON.parse."""
-    return [_entry(results, case, path, stats) for _, case, path, stats in _timed(results)
+    return [_entry(results, case, path, stats) for _, case, path, stats in timed_paths(results)
             if math.isfinite(stats.median_ms)]
 
 
@@ -55,7 +45,8 @@ def left_out(results: RunResults) -> list[str]:
     """Why each entry `github_benchmark_entries` dropped is missing, one line each, by field."""
     return [f"cases.{index}.timing.{path}.median_ms: {stats.median_ms} is not a finite number; "
             f"{results.scenario_name}/{case.label}/{path} left out of the export"
-            for index, case, path, stats in _timed(results) if not math.isfinite(stats.median_ms)]
+            for index, case, path, stats in timed_paths(results)
+            if not math.isfinite(stats.median_ms)]
 
 
 def export_json(entries: list[dict[str, Any]]) -> str:

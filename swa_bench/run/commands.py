@@ -53,7 +53,7 @@ def ready(item: LoadedScenario, select: str | None) -> LoadedScenario:
     resolve_device(item.scenario)
     if select is None:
         return item
-    cases = [c for c in item.cases if select in c.label() or select in c.case_id]
+    cases = [c for c in item.cases if c.matches(select)]
     if not cases:
         raise ScenarioError(item.path, "--select", f"no case label or id contains {select!r}")
     return dataclasses.replace(item, cases=cases)

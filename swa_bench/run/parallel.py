@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     if args.select is not None:
-        cases = [c for c in cases if args.select in c.label() or args.select in c.case_id]
+        cases = [c for c in cases if c.matches(args.select)]
     device = init_from_env()
     try:
         groups = make_groups(scenario.parallel.layout())

@@ -59,6 +59,10 @@ class Case:
             parts.append(f"{key}={value if isinstance(value, str) else _show(value)}")
         return "/".join(parts)
 
+    def matches(self, select: str) -> bool:
+        """``--select``/``-k``: the text appears in the label or the case id."""
+        return select in self.label() or select in self.case_id
+
 
 @dataclass(frozen=True)
 class _Axis:
