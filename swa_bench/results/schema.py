@@ -1,0 +1,241 @@
+"""The results of one run as data: results.json's models (schema_version 1) and their tallies.
+
+Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
+of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
+as the strings "Infinity"/"NaN": the file stays strict JSON and still round-trips. Pure: no file
+is read or written here (``results.files``), nor any frame built (``results.frame``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 1
+TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
+
+CaseStatus = Literal["ok", "failed", "error"]
+Verdict = Literal["pass", "fail", "error"]
+RunVerdict = Literal["pass", "fail", "error", "unverified"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class Diagnostic(_Strict):
+    """One compared tensor: how many elements differ and where the worst one is."""
+
+    tensor: str
+    mismatched: int
+    total: int
+    share: float
+    max_abs: float
+    max_rel: float
+    worst_index: list[int]
+
+
+class CheckResult(_Strict):
+    id: str  # "E1".."E5", "approximation"
+    name: str
+    passed: bool
+    mode: Literal["bitwise", "tolerance", "bound", "info"]
+    rtol: float | None = None
+    atol: float | None = None
+    message: str = ""
+    diagnostics: list[Diagnostic] = []
+
+    def worst_diagnostic(self) -> Diagnostic | None:
+        """The tensor with the largest mismatched share (then the largest max-abs error)."""
+        if not self.diagnostics:
+            return None
+        return max(self.diagnostics, key=lambda d: (d.share, d.mismatched, d.max_abs))
+
+
+class TimingStats(_Strict):
+    samples_ms: list[float]
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_over_median: float
+    noisy: bool
+
+
+class CaseTiming(_Strict):
+    reference: TimingStats | None = None
+    replay: TimingStats | None = None
+    breakdown_ms: dict[str, float] = {}
+
+
+class Approximation(_Strict):
+    logits_max_abs: float
+    kl: float
+    top1_agreement: float
+    window_kv_rel_error: list[float]  # per decoder layer, in depth order
+    greedy_agreement: float
+    continuation_steps: int
+
+
+class RankResult(_Strict):
+    """One rank's share of a parallel case: its batch and the route its timed replay step took."""
+
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    num_requests: int
+    tokens: int
+    replay_route: str | None = None
+    replay_ms: float | None = None
+    mfu_replay: float | None = None
+
+
+class ParallelResult(_Strict):
+    dp: int
+    tp: int
+    ep: int
+    ranks: list[RankResult] = []
+
+
+class TaskCell(_Strict):
+    """One task at one prompt length (and fact distance) under one policy."""
+
+    task: str  # "recall" (needs global KV) or "copy" (needs window KV)
+    prompt_len: int
+    distance: int  # positions from the needed fact to the prompt's last token
+    prompts: int
+    accuracy: float  # the prefill's last-token argmax is the answer
+    answer_loss: float  # mean cross-entropy of the answer, nats
+    agreement: float  # share of prompts whose argmax equals the full prefill's
+
+
+class HeldOutLoss(_Strict):
+    """Teacher-forced loss on held-out text: the prefill's last token and ``continuation``
+    decode steps after it (they read the window rings the prefill left)."""
+
+    prompt_len: int
+    prompts: int
+    continuation: int
+    loss: float  # nats per byte
+    prefill_loss: float  # the prefill's last-token prediction alone
+
+
+class TaskResults(_Strict):
+    policy: str
+    model: str  # the weights: a checkpoint's name, or "seeded" for dummy weights
+    cells: list[TaskCell] = []
+    held_out: list[HeldOutLoss] = []
+
+
+class CaseResult(_Strict):
+    case_id: str
+    index: int
+    label: str
+    params: dict[str, Any]
+    status: CaseStatus  # failed: a check failed; error: the case raised
+    error: str | None = None
+    graph_mode: str
+    policy: str
+    trim_threshold: int
+    tokens: int
+    num_requests: int
+    batch: str
+    batch_shape: str = ""  # request kinds, lengths aside: cases of one shape share a break-even
+    replay_route: str | None = None  # why the timed replay step ran as it did (its step plan)
+    checks: list[CheckResult] = []
+    timing: CaseTiming | None = None
+    flops: dict[str, int] = {}
+    achieved_tflops: dict[str, float] = {}  # each path's FLOPs over its median time
+    mfu: dict[str, float] = {}  # achieved / the device's GEMM rate measured in this run
+    ideal_speedup: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    peak_memory_bytes: dict[str, int] = {}
+    deterministic: dict[str, int] = {}
+    capture_seconds: float | None = None  # capturing the replay path's graphs, all sizes
+    graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
+    approximation: Approximation | None = None
+    parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
+    tasks: TaskResults | None = None
+
+    def outcome(self) -> Verdict:
+        """pass/fail/error of this case; a failed check fails the case whatever `status` says."""
+        if self.status == "error":
+            return "error"
+        if self.status == "failed" or self.failed_checks():
+            return "fail"
+        return "pass"
+
+    def failed_checks(self) -> list[CheckResult]:
+        """Judged checks that failed (an info result is never a failure, nor a pass)."""
+        return [c for c in self.checks if not c.passed and c.mode != "info"]
+
+
+class ThresholdAdvice(_Strict):
+    graph_mode: str
+    batch: str
+    recommended_trim_threshold: int | None
+    note: str = ""
+
+
+class RunResults(_Strict):
+    schema_version: Literal[1] = 1
+    scenario_name: str
+    scenario_file: str | None
+    scenario_hash: str
+    scenario: dict[str, Any]
+    environment: dict[str, Any]
+    started_at: str
+    finished_at: str | None = None
+    cases: list[CaseResult] = []
+    threshold_advice: list[ThresholdAdvice] = []
+
+    def verdict(self) -> RunVerdict:
+        return overall_verdict(self.cases)
+
+    def counts(self) -> dict[str, int]:
+        return tally(self.cases)
+
+
+def tally(cases: Sequence[CaseResult]) -> dict[str, int]:
+    """Case outcomes and check tallies, for verdict lines; info results are neither passes nor
+    failures (``checks_passed + checks_failed + checks_info == checks``)."""
+    outcomes = [case.outcome() for case in cases]
+    checks = [check for case in cases for check in case.checks]
+    return {
+        "cases": len(cases),
+        "passed": outcomes.count("pass"),
+        "failed": outcomes.count("fail"),
+        "errors": outcomes.count("error"),
+        "checks": len(checks),
+        "checks_passed": sum(c.passed and c.mode != "info" for c in checks),
+        "checks_failed": sum(not c.passed and c.mode != "info" for c in checks),
+        "checks_info": sum(c.mode == "info" for c in checks),
+    }
+
+
+def overall_verdict(cases: Sequence[CaseResult]) -> RunVerdict:
+    """error if any case raised (or nothing was run: an empty run verifies nothing), else fail
+    if any check failed, else unverified when no pass/fail check ran (info results measure, they
+    do not verify: "0 of 0 passed" is not a pass), else pass."""
+    outcomes = {case.outcome() for case in cases}
+    if not cases or "error" in outcomes:
+        return "error"
+    if "fail" in outcomes:
+        return "fail"
+    counts = tally(cases)
+    return "pass" if counts["checks"] > counts["checks_info"] else "unverified"
+
+
+def results_json_schema() -> dict[str, Any]:
+    return RunResults.model_json_schema()
+
+
+def timed_paths(results: RunResults) -> Iterator[tuple[int, CaseResult, str, TimingStats]]:
+    """(case position, case, path, its timing) for every timed path of every case."""
+    for index, case in enumerate(results.cases):
+        for path in TIMED_PATHS:
+            stats = getattr(case.timing, path, None)
+            if stats is not None:
+                yield index, case, path, stats
