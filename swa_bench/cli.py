@@ -472,7 +472,7 @@ def compare(
     Exit codes: 0 no regression; 1 a regression, or nothing compared; 2 bad input (one line on
     stderr).
     """
-    from swa_bench.compare import compare_command
+    from swa_bench.run.compare import compare_command
 
     try:
         code = compare_command(baseline, current, max_slowdown=max_slowdown, out=out,

@@ -5,21 +5,20 @@ their index, so reordering a sweep or adding cases keeps the matches. Timing onl
 slowdown is both statistically significant (one-sided Mann-Whitney U, current > baseline) and larger
 than `max_slowdown`: significance alone flags microsecond noise on quiet machines, size alone flags
 noise on busy ones. Deterministic figures (kept rows, captured graphs, FLOPs) must match exactly.
+
+Pure: the comparison is data (verdicts, p-values, changes, reasons), rendered by
+``report.comparison`` and ``report.console`` and gated by the command in ``run.compare``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rich.console import Console
-from rich.markup import escape
 from scipy.stats import mannwhitneyu
 
 from swa_bench.results import (
@@ -28,15 +27,11 @@ from swa_bench.results import (
     ResultsError,
     RunResults,
     TimingStats,
-    is_stream,
-    load_results,
-    refuse_run_output,
-    results_path,
     timed_paths,
-    write_text_atomic,
 )
 
 RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
+RunVerdict = Literal["regressed", "nothing compared", "ok"]
 TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
 CaseKey = tuple[str, int]  # what the case measures (case_key), and which repeat of it (1, 2...)
@@ -98,6 +93,10 @@ class Comparison:
     def failed(self) -> bool:
         """The gate fails on a regression, and when nothing was compared at all."""
         return self.regressed or self.matched == 0
+
+    @property
+    def verdict(self) -> RunVerdict:
+        return "regressed" if self.regressed else "nothing compared" if self.failed else "ok"
 
     def counts(self) -> dict[str, int]:
         tally = Counter(row.status for row in self.rows)
@@ -289,135 +288,3 @@ def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: flo
         run_warnings.append(f"{missing} baseline case{'s' if missing > 1 else ''} missing from "
                             "current")
     return Comparison(tuple(rows), tuple(run_warnings), timing_gate is None, max_slowdown, alpha)
-
-
-# --- rendering and the CLI body ------------------------------------------------------------------
-
-_ORDER = {"regressed": 0, "warning": 1, "missing": 2, "improved": 3, "new": 4, "unchanged": 5}
-
-
-def _timing_cell(row: ComparisonRow, path: str) -> str:
-    delta = next((t for t in row.timings if t.path == path), None)
-    if delta is None or delta.baseline_ms is None or delta.current_ms is None:
-        return "–"
-    change = "" if delta.change is None else f" ({100 * delta.change:+.1f}%)"
-    return f"{delta.baseline_ms:.3f} → {delta.current_ms:.3f}{change}"
-
-
-def sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
-    return sorted(comparison.rows, key=lambda row: (_ORDER[row.status], row.label))
-
-
-def verdict_line(comparison: Comparison) -> str:
-    counts = comparison.counts()
-    head = ("REGRESSED" if comparison.regressed
-            else "FAILED (no case in common: nothing compared)" if comparison.failed else "OK")
-    gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
-            if comparison.timing_gated else "timing not gated")
-    return f"{head}: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + f"; {gate}"
-
-
-def comparison_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
-    from swa_bench.report.markdown import md_cell, md_table
-
-    lines = ["# swa-bench compare", "", f"Baseline `{md_cell(baseline)}`, current "
-             f"`{md_cell(current)}`.", "", f"**{md_cell(verdict_line(comparison))}**", ""]
-    lines += [f"- ⚠️ {md_cell(warning)}" for warning in comparison.warnings]
-    if comparison.warnings:
-        lines.append("")
-    rows = [(row.label, f"**{row.status}**" if row.status == "regressed" else row.status,
-             _timing_cell(row, "reference"), _timing_cell(row, "replay"), "; ".join(row.reasons))
-            for row in sorted_rows(comparison)]
-    lines += [md_table(["case", "status", "reference ms", "replay ms", "reasons"], rows), ""]
-    return "\n".join(lines)
-
-
-def comparison_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
-    """``compare --json``: the verdict, tallies, warnings and every row with its timings."""
-    def finite(x: float | None) -> float | str | None:
-        return x if x is None or math.isfinite(x) else str(x)
-
-    return {
-        "verdict": ("regressed" if comparison.regressed else
-                    "nothing compared" if comparison.failed else "ok"),
-        "baseline": baseline, "current": current, "counts": comparison.counts(),
-        "matched": comparison.matched, "timing_gated": comparison.timing_gated,
-        "max_slowdown": comparison.max_slowdown, "alpha": comparison.alpha,
-        "warnings": list(comparison.warnings),
-        "rows": [{"label": row.label, "key": json.loads(row.key[0]),
-                  "status": row.status, "reasons": list(row.reasons),
-                  "timings": [{"path": t.path, "baseline_ms": finite(t.baseline_ms),
-                               "current_ms": finite(t.current_ms), "change": finite(t.change),
-                               "p_slower": t.p_slower, "p_faster": t.p_faster,
-                               "verdict": t.verdict} for t in row.timings]}
-                 for row in sorted_rows(comparison)],
-    }
-
-
-def _fail(message: str) -> int:
-    print(" ".join(message.split()), file=sys.stderr)
-    return 2
-
-
-def _check_out(out: Path, protected: set[Path], explicit: bool) -> str | None:
-    """Why compare.md cannot be written to ``out`` (checked before comparing), or None."""
-    hint = "" if explicit else " (pass --out FILE elsewhere)"
-    if out.is_dir():
-        return f"{out}: --out: is a directory, expected a file path"
-    if not out.parent.is_dir():
-        return f"{out}: --out: directory {out.parent} does not exist"
-    if out.resolve() in protected:
-        return f"{out}: --out: refusing to overwrite a results file"
-    try:
-        refuse_run_output(out, "--out", own="compare.md")
-    except ResultsError as exc:
-        return str(exc)
-    if is_stream(out):
-        return None if os.access(out, os.W_OK) else f"{out}: --out: cannot write: not writable"
-    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists()
-                                                         and not os.access(out, os.W_OK)):
-        return f"{out}: --out: cannot write: the folder is read-only{hint}"
-    return None
-
-
-def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05,
-                    out: Path | None = None, gate_timing: bool = True,
-                    console: Console | None = None, as_json: bool = False) -> int:
-    """Exit code: 0 no regression, 1 a regression or nothing compared, 2 bad input (one line
-    on stderr). ``as_json`` prints the comparison as JSON on stdout instead of the table."""
-    from swa_bench.report import append_step_summary_text
-    from swa_bench.report.console import print_comparison
-
-    console = console or Console()
-    if not math.isfinite(max_slowdown) or max_slowdown < 0:
-        return _fail(f"--max-slowdown: must be a finite number >= 0, got {max_slowdown}")
-    try:
-        baseline_results = load_results(baseline)
-        current_results = load_results(current)
-        check_times(baseline_results, results_path(baseline))
-        check_times(current_results, results_path(current))
-    except ResultsError as exc:
-        return _fail(str(exc))
-    current_json = results_path(current)
-    explicit = out is not None
-    out = Path(out) if out is not None else current_json.parent / "compare.md"
-    protected = {results_path(baseline).resolve(), current_json.resolve()}
-    problem = _check_out(out, protected, explicit)
-    if problem is not None:
-        return _fail(problem)
-
-    comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
-                              gate_timing=gate_timing)
-    markdown = comparison_markdown(comparison, baseline=str(baseline), current=str(current))
-    try:
-        write_text_atomic(out, markdown)
-    except OSError as exc:
-        return _fail(f"{out}: --out: cannot write: {exc.strerror or exc}")
-    if as_json:
-        print(json.dumps(comparison_json(comparison, baseline=str(baseline),
-                                         current=str(current)), indent=2))
-    else:
-        print_comparison(console, comparison)
-        console.print(f"wrote {escape(str(out))}", highlight=False)
-    append_step_summary_text(markdown)
-    return 1 if comparison.failed else 0

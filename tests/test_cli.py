@@ -227,14 +227,14 @@ def test_report_prints_written_paths(monkeypatch, tmp_path):
 
 def test_compare_passes_its_options_through(monkeypatch, tmp_path):
     seen = {}
-    module = types.ModuleType("swa_bench.compare")
+    module = types.ModuleType("swa_bench.run.compare")
 
     def compare_command(baseline, current, **kwargs):
         seen.update(kwargs, baseline=baseline, current=current)
         return 1
 
     module.compare_command = compare_command
-    monkeypatch.setitem(sys.modules, "swa_bench.compare", module)
+    monkeypatch.setitem(sys.modules, "swa_bench.run.compare", module)
     result = runner.invoke(app, ["compare", "a", "b", "--max-slowdown", "0.1", "--no-timing",
                                  "--out", str(tmp_path / "c.md")])
     assert result.exit_code == 1

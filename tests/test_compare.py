@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from swa_bench.compare import case_key, compare_command, compare_runs
+from swa_bench.compare import case_key, compare_runs
 from swa_bench.results import CaseTiming, RunResults, save_results
+from swa_bench.run.compare import compare_command
 from tests.report import synthetic
 
 
@@ -289,7 +290,7 @@ def test_a_read_only_run_folder_is_one_line_before_comparing(tmp_path, capsys, m
 def test_a_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
     import errno
 
-    import swa_bench.compare as compare_module
+    import swa_bench.run.compare as compare_module
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -18,7 +18,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from swa_bench.compare import Comparison, ComparisonRow
 from swa_bench.report import tables
+from swa_bench.report.comparison import sorted_rows, verdict_line
 from swa_bench.results import (
     CaseResult,
     RunResults,
@@ -26,9 +28,6 @@ from swa_bench.results import (
     overall_verdict,
     tally,
 )
-
-if TYPE_CHECKING:
-    from swa_bench.compare import Comparison, ComparisonRow
 
 _SHORT = {"graph_mode": "mode", "trim_threshold": "threshold", "prompt_len": "prompt",
           "approximation": "approx"}
@@ -319,8 +318,6 @@ def _delta_cell(row: ComparisonRow, path: str) -> str:
 
 def comparison_table(comparison: Comparison) -> Table:
     """Status and current median (change vs baseline) per case; reasons go under the table."""
-    from swa_bench.compare import sorted_rows
-
     table = _table("swa-bench compare")
     table.add_column("case")
     table.add_column("status", no_wrap=True)
@@ -333,8 +330,6 @@ def comparison_table(comparison: Comparison) -> Table:
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
-    from swa_bench.compare import sorted_rows, verdict_line
-
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     console.print(comparison_table(comparison))

@@ -78,7 +78,7 @@ def run_scenarios(
             if results.verdict() != "pass":
                 code = 1
             if baseline is not None:
-                from swa_bench.compare import compare_command
+                from swa_bench.run.compare import compare_command
 
                 if compare_command(baseline, run_dir, console=console) != 0:
                     code = 1
