@@ -1,8 +1,9 @@
-"""The package's shape: imports point one way, and the model loads no benchmark machinery.
+"""The package's shape: imports point one way, no modules import each other (lazily or not), and
+the model loads no benchmark machinery.
 
 kernels <- model (and the task data) <- replay <- runtime (graphs, engine, parallel, training)
-<- checks, bench (and the data they produce: results, scenarios) <- reports, compare <- run
-orchestration <- cli.
+<- checks, bench (and the data they produce: results, scenarios) <- compare (pure statistics)
+<- reports (rendering, compare's included) <- run orchestration (every command body) <- cli.
 """
 
 import ast
@@ -19,7 +20,8 @@ LAYERS = [
     ("runtime", ["swa_bench.graphs", "swa_bench.engine", "swa_bench.parallel", "swa_bench.train"]),
     ("checks and bench", ["swa_bench.checks", "swa_bench.bench", "swa_bench.results",
                           "swa_bench.scenario"]),
-    ("reports", ["swa_bench.report", "swa_bench.compare"]),
+    ("compare", ["swa_bench.compare"]),
+    ("reports", ["swa_bench.report"]),
     ("run", ["swa_bench.run"]),
     ("cli", ["swa_bench.cli", "swa_bench.__main__"]),
 ]
@@ -33,8 +35,8 @@ def layer_of(module: str) -> int | None:
     return None
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -88,3 +90,112 @@ def test_the_layer_check_sees_a_backward_import(tmp_path):
     bad.write_text("from swa_bench.engine.engine import Engine\n")
     assert imports(bad) == {"swa_bench.engine.engine", "swa_bench.engine.engine.Engine"}
     assert layer_of("swa_bench.engine.engine") > layer_of("swa_bench.model.model")
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Each module of the package at ``root`` -> the package's modules it imports, at any depth
+    (lazy and type-only imports too). ``from a import b`` is an edge to the module ``a.b`` when
+    there is one, else to ``a``; the implicit import of a submodule's parent package is no edge
+    (every submodule has it: a package's ``__init__`` importing its own submodules is no cycle)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {_longest_module(a.name, paths) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in paths else _longest_module(base, paths))
+        graph[name] = targets - {None}
+    return graph
+
+
+def _longest_module(dotted: str, modules) -> str | None:
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (its path, first module repeated at the end) per strongly connected group of
+    modules (Tarjan), so every tangle is named once; [] when the imports form a DAG."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = {stack.pop()}
+            while node not in group:
+                group.add(stack.pop())
+            if len(group) > 1 or node in graph.get(node, ()):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(_cycle_through(min(group), group, graph) for group in groups)
+
+
+def _cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """The shortest import path from ``start`` back to itself inside ``group`` (breadth first)."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for target in sorted(graph[node] & group):
+                if target == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if target not in came_from:
+                    came_from[target] = node
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in a cycle group but on no cycle")
+
+
+def test_no_import_cycles():
+    """A cycle across layers is already a backward import; this sees the ones inside a layer
+    (compare and report/console importing each other lazily passed the layer rule)."""
+    assert [" -> ".join(cycle) for cycle in import_cycles(module_graph(ROOT))] == []
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path):
+    """The checker itself: a cycle closed by an import inside a function is reported with its
+    path; a package ``__init__`` importing its submodules, and ``from pkg import module``, are not
+    cycles."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from pkg.c import C\n")
+    (package / "a.py").write_text("import pkg.b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.a import A\n")
+    (package / "c.py").write_text("from pkg import d\n")
+    (package / "d.py").write_text("from . import e\n")
+    (package / "e.py").write_text("X = 1\n")
+    graph = module_graph(package)
+    assert graph["pkg.c"] == {"pkg.d"} and graph["pkg.d"] == {"pkg.e"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    (package / "e.py").write_text("from pkg import C\n")
+    assert import_cycles(module_graph(package)) == [["pkg", "pkg.c", "pkg.d", "pkg.e", "pkg"],
+                                                    ["pkg.a", "pkg.b", "pkg.a"]]
