@@ -74,6 +74,9 @@ class ComparisonRow:
 
 @dataclass(frozen=True)
 class Comparison:
+    """Two runs compared: a row per case of either run; `timing_gated` is False when timing was
+    reported but could not regress (environments differ, or the gate is off)."""
+
     rows: tuple[ComparisonRow, ...]
     warnings: tuple[str, ...]
     timing_gated: bool

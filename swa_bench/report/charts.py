@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import matplotlib
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
@@ -44,10 +45,9 @@ def _color(mode: str, modes: list[str]) -> str:
     return _COLORS[modes.index(mode) % len(_COLORS)]
 
 
-def _new_figure() -> Figure:
+def _new_figure() -> tuple[Figure, Axes]:
     fig = Figure(figsize=(7.5, 4.2), dpi=100, layout="constrained")
-    fig.add_subplot(1, 1, 1)
-    return fig
+    return fig, fig.add_subplot(1, 1, 1)
 
 
 _PROLOG = re.compile(r"^.*?(?=<svg\b)", re.S)
@@ -83,11 +83,28 @@ def _timed(cases: Iterable[CaseResult]) -> list[CaseResult]:
                     for s in (c.timing.reference, c.timing.replay))]
 
 
-def _groups(cases: list[CaseResult]) -> dict[tuple[str, str], list[CaseResult]]:
+@dataclass(frozen=True)
+class _Series:
+    """The cases of one graph mode and policy, in token order: one line family of a chart over
+    tokens, in the mode's colour and the policy's marker and line style."""
+
+    name: str  # "mode/policy", the legend's prefix
+    policy: str
+    color: str
+    cases: list[CaseResult]
+
+
+def _modes(cases: Iterable[CaseResult]) -> list[str]:
+    return sorted({c.graph_mode for c in cases})
+
+
+def _series(cases: list[CaseResult]) -> list[_Series]:
+    modes = _modes(cases)
     groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
     for case in sorted(cases, key=lambda c: (c.graph_mode, c.policy, c.tokens, c.index)):
         groups[(case.graph_mode, case.policy)].append(case)
-    return dict(groups)
+    return [_Series(f"{mode}/{policy}", policy, _color(mode, modes), group)
+            for (mode, policy), group in groups.items()]
 
 
 def _plain_log(axis) -> None:
@@ -106,97 +123,91 @@ def _token_axis(ax, cases: list[CaseResult]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
+def _token_chart(fig: Figure, ax: Axes, cases: list[CaseResult], ylabel: str, chart_id: str,
+                 title: str, caption: str) -> Chart:
+    """A chart over tokens, finished: the token axis, the y label, the legend, the SVG."""
+    _token_axis(ax, cases)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncols=2)
+    return Chart(chart_id, title, caption, figure_svg(fig, chart_id))
+
+
 def latency_chart(results: RunResults) -> Chart | None:
     cases = _timed(results.cases)
     if not cases:
         return None
-    fig = _new_figure()
-    ax = fig.axes[0]
-    modes = sorted({c.graph_mode for c in cases})
-    for (mode, policy), group in _groups(cases).items():
-        x = [c.tokens for c in group]
-        for path, alpha, style in (("reference", 0.45, ":"), ("replay", 1.0, _STYLES.get(policy,
-                                                                                        "-"))):
-            stats = [getattr(c.timing, path) for c in group]
+    fig, ax = _new_figure()
+    for series in _series(cases):
+        x = [c.tokens for c in series.cases]
+        for path, alpha, style in (("reference", 0.45, ":"),
+                                   ("replay", 1.0, _STYLES.get(series.policy, "-"))):
+            stats = [getattr(c.timing, path) for c in series.cases]
             median = [s.median_ms for s in stats]
             err = [[max(0.0, s.median_ms - s.p10_ms) for s in stats],
                    [max(0.0, s.p90_ms - s.median_ms) for s in stats]]
-            ax.errorbar(x, median, yerr=err, color=_color(mode, modes), alpha=alpha,
-                        linestyle=style, marker=_MARKERS.get(policy, "o"), markersize=4,
-                        capsize=2, label=safe_label(f"{mode}/{policy} {path}"))
-    _token_axis(ax, cases)
+            ax.errorbar(x, median, yerr=err, color=series.color, alpha=alpha, linestyle=style,
+                        marker=_MARKERS.get(series.policy, "o"), markersize=4, capsize=2,
+                        label=safe_label(f"{series.name} {path}"))
     if max(c.timing.reference.median_ms for c in cases) >= 8 * min(
             c.timing.replay.median_ms for c in cases):
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         _plain_log(ax.yaxis)
-    ax.set_ylabel("median latency (ms), p10–p90 bars")
-    ax.legend(fontsize=7, ncols=2)
-    return Chart("latency", "Latency vs tokens",
-                 "Median step latency per graph mode and policy; dotted: the full reference path.",
-                 figure_svg(fig, "latency"))
+    return _token_chart(fig, ax, cases, "median latency (ms), p10–p90 bars", "latency",
+                        "Latency vs tokens", "Median step latency per graph mode and policy; "
+                        "dotted: the full reference path.")
 
 
 def speedup_chart(results: RunResults) -> Chart | None:
     cases = [c for c in results.cases if _finite(c.speedup) or _finite(c.ideal_speedup)]
     if not cases:
         return None
-    fig = _new_figure()
-    ax = fig.axes[0]
-    modes = sorted({c.graph_mode for c in cases})
-    for (mode, policy), group in _groups(cases).items():
-        color = _color(mode, modes)
-        measured = [(c.tokens, c.speedup) for c in group if _finite(c.speedup)]
-        ideal = [(c.tokens, c.ideal_speedup) for c in group if _finite(c.ideal_speedup)]
+    fig, ax = _new_figure()
+    for series in _series(cases):
+        measured = [(c.tokens, c.speedup) for c in series.cases if _finite(c.speedup)]
+        ideal = [(c.tokens, c.ideal_speedup) for c in series.cases if _finite(c.ideal_speedup)]
         if measured:
-            ax.plot(*zip(*measured, strict=True), color=color, marker=_MARKERS.get(policy, "o"),
-                    linestyle=_STYLES.get(policy, "-"),
-                    label=safe_label(f"{mode}/{policy} measured"))
+            ax.plot(*zip(*measured, strict=True), color=series.color,
+                    marker=_MARKERS.get(series.policy, "o"),
+                    linestyle=_STYLES.get(series.policy, "-"),
+                    label=safe_label(f"{series.name} measured"))
         if ideal:
-            ax.plot(*zip(*ideal, strict=True), color=color, alpha=0.4, linestyle=":",
-                    marker="x", label=safe_label(f"{mode}/{policy} ideal (FLOPs)"))
+            ax.plot(*zip(*ideal, strict=True), color=series.color, alpha=0.4, linestyle=":",
+                    marker="x", label=safe_label(f"{series.name} ideal (FLOPs)"))
     ax.axhline(1.0, color="black", linewidth=0.8)
-    _token_axis(ax, cases)
-    ax.set_ylabel("speedup over the reference (x)")
-    ax.legend(fontsize=7, ncols=2)
-    return Chart("speedup", "Measured vs ideal speedup",
-                 "Measured speedup against FLOPs(reference) / FLOPs(replay); the gap is overhead "
-                 "(gather/scatter, graph breaks) and work that still covers every token.",
-                 figure_svg(fig, "speedup"))
+    return _token_chart(fig, ax, cases, "speedup over the reference (x)", "speedup",
+                        "Measured vs ideal speedup",
+                        "Measured speedup against FLOPs(reference) / FLOPs(replay); the gap is "
+                        "overhead (gather/scatter, graph breaks) and work that still covers every "
+                        "token.")
 
 
 def break_even_chart(results: RunResults) -> Chart | None:
     cases = _timed(results.cases)
     if not cases:
         return None
-    fig = _new_figure()
-    ax = fig.axes[0]
-    modes = sorted({c.graph_mode for c in cases})
-    for (mode, policy), group in _groups(cases).items():
-        ratio = [c.timing.replay.median_ms / c.timing.reference.median_ms for c in group]
-        ax.plot([c.tokens for c in group], ratio, color=_color(mode, modes),
-                marker=_MARKERS.get(policy, "o"), linestyle=_STYLES.get(policy, "-"),
-                label=safe_label(f"{mode}/{policy}"))
+    fig, ax = _new_figure()
+    for series in _series(cases):
+        ratio = [c.timing.replay.median_ms / c.timing.reference.median_ms for c in series.cases]
+        ax.plot([c.tokens for c in series.cases], ratio, color=series.color,
+                marker=_MARKERS.get(series.policy, "o"),
+                linestyle=_STYLES.get(series.policy, "-"), label=safe_label(series.name))
+    modes = _modes(cases)
     for advice in results.threshold_advice:
         if advice.recommended_trim_threshold is not None and advice.graph_mode in modes:
             ax.axvline(advice.recommended_trim_threshold, color=_color(advice.graph_mode, modes),
                        alpha=0.35, linewidth=1)
     ax.axhline(1.0, color="black", linewidth=1.0, label="break-even")
-    _token_axis(ax, cases)
-    ax.set_ylabel("replay / reference latency")
-    ax.legend(fontsize=7, ncols=2)
-    return Chart("break-even", "Break-even per graph mode",
-                 "Below 1.0 replay is faster; faint vertical lines mark the advised "
-                 "trim_threshold.",
-                 figure_svg(fig, "break-even"))
+    return _token_chart(fig, ax, cases, "replay / reference latency", "break-even",
+                        "Break-even per graph mode", "Below 1.0 replay is faster; faint vertical "
+                        "lines mark the advised trim_threshold.")
 
 
 def approximation_chart(results: RunResults) -> Chart | None:
     cases = [c for c in results.cases if c.approximation and c.approximation.window_kv_rel_error]
     if not cases:
         return None
-    fig = _new_figure()
-    ax = fig.axes[0]
+    fig, ax = _new_figure()
     values = [v for c in cases for v in c.approximation.window_kv_rel_error if math.isfinite(v)]
     for n, case in enumerate(cases):
         errors = [v if math.isfinite(v) else math.nan
