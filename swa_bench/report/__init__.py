@@ -1,7 +1,10 @@
-"""Reports of a run directory: report.md, report.html and junit.xml, all rendered from results.json.
+"""Rendering, and the reports of a run directory: report.md, report.html and junit.xml, all
+rendered from results.json (``markdown``, ``html`` with ``charts``, ``junit``); the console's
+tables (``console``), a comparison's compare.md and JSON (``comparison``), exports (``export``).
 
-Rendering happens before any file is written, so a results file that fails to load or render
-leaves earlier reports in place; each file is then replaced atomically."""
+Rendering decides nothing (the verdicts are the results' and the comparison's) and happens before
+any file is written, so a results file that fails to load or render leaves earlier reports in
+place; each file is then replaced atomically."""
 
 from __future__ import annotations
 

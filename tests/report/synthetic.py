@@ -147,3 +147,18 @@ def synthetic_run(*, scenario_name: str = "synthetic", failing: bool = True, err
                             recommended_trim_threshold=None, note="replay never wins | no data"),
         ],
     )
+
+
+def clean_run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, seed: int = 0,
+              **kwargs) -> RunResults:
+    """A clean synthetic run whose timings are redrawn around `scale` x the base medians."""
+    results = synthetic_run(failing=False, error=False, **kwargs)
+    rng = random.Random(seed)
+    for case in results.cases:
+        base = case.timing
+        case.timing = CaseTiming(
+            reference=timing_stats(base.reference.median_ms * scale, samples=samples,
+                                   noise=noise, rng=rng),
+            replay=timing_stats(base.replay.median_ms * scale, samples=samples, noise=noise,
+                                rng=rng))
+    return results
