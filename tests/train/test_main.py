@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,23 @@ def test_a_run_writes_checkpoint_and_card_apart_and_overwrite_replaces_both(tmp_
     with safe_open(str(out), framework="pt") as f:
         assert '"seed": 1' in f.metadata()["train_config"]
     assert out.read_bytes() != old
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_a_run_stopped_mid_training_leaves_the_old_files_and_no_temp_file(sig, folder):
+    before = snapshot(folder)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "swa_bench.train", *TINY, "--steps", "100000",
+                             "--out", "tr/mine.safetensors", "--overwrite"], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_limit_memory)
+    try:
+        assert proc.stdout.readline().startswith("step     0"), proc.stderr.read()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and err == f"{PROG}interrupted; nothing written\n"
+    assert snapshot(folder) == before
