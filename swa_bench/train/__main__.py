@@ -122,11 +122,10 @@ def _cgroup_room() -> int | None:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError
+    units = ["B", "KB", "MB", "GB", "TB"]
+    while n >= 1000 and len(units) > 1:
+        n, units = n / 1000, units[1:]
+    return f"{n:.1f} {units[0]}"
 
 
 def main(argv: list[str] | None = None) -> int:
