@@ -5,6 +5,11 @@
 prints the loss every 50 steps, then the held-out loss and task accuracy under a full prefill,
 and writes the checkpoint (safetensors, the training settings in its metadata) and a card
 (``<out>.md``) beside it.
+
+Everything that could fail is checked before the first step (one line on stderr, exit 2, nothing
+written): every option's range, the device (known to torch and present), the step's memory
+against what the device and this process's limits leave free, and both output files
+(``outputs.claim``: an existing checkpoint or card is replaced only with ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -19,8 +26,11 @@ from pathlib import Path
 import torch
 
 from swa_bench.model.weights import save_weights
-from swa_bench.train.card import card_text
+from swa_bench.train.card import card_path, card_text
 from swa_bench.train.loop import TrainConfig, evaluate, train
+from swa_bench.train.outputs import OutputError, claim, publish
+
+MAX_EVAL_PROMPTS = 10_000  # per measure; the figures are shares printed to two decimals
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +50,82 @@ def length_warmup(text: str) -> tuple[tuple[int, int], ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not LENGTH:STEPS[,LENGTH:STEPS...] or none") from None
+
+
+def device_problem(text: str) -> str | None:
+    """Why ``text`` names no device this process can train on (None: it can)."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"{text!r} is not a torch device (cpu, cuda, cuda:N, mps, ...)"
+    if device.type == "cpu":
+        return None if device.index in (None, 0) else f"{text!r}: the CPU is cpu or cpu:0"
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if not callable(available) or not available():
+        return f"{text!r}: no {device.type} device is present here"
+    count = getattr(backend, "device_count", lambda: 1)()
+    if device.index is not None and device.index >= count:
+        return f"{text!r}: this machine has {count} {device.type} device(s), 0 to {count - 1}"
+    return None
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a training step may take on ``device`` (None: unknown). For the CPU, the least of
+    the machine's available memory, the cgroup's limit less its use, and this process's own
+    address-space and data limits less what it maps: a limit the machine's figure ignores is
+    what kills a run."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    status = _proc_fields("/proc/self/status")
+    room = [_proc_fields("/proc/meminfo").get("MemAvailable")]
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and used in status:
+            room.append(max(0, soft - status[used]))
+    room.append(_cgroup_room())
+    known = [r for r in room if r is not None]
+    return min(known) if known else None
+
+
+def _proc_fields(path: str) -> dict[str, int]:
+    """``Name: 123 kB`` lines of a /proc file, in bytes ({} where there is none)."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    fields[name] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return fields
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup v2 memory limit less its current use, for this process's cgroup."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            line = next((line for line in f if line.startswith("0::")), None)
+        if line is None:
+            return None
+        folder = Path("/sys/fs/cgroup") / line[3:].strip().lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((folder / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _size(n: float) -> str:
+    units = ["B", "KB", "MB", "GB", "TB"]
+    while n >= 1000 and len(units) > 1:
+        n, units = n / 1000, units[1:]
+    return f"{n:.1f} {units[0]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,31 +148,56 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--out", type=Path, default=None,
-                   help="checkpoint to write (default: none, figures only)")
+                   help="checkpoint to write (default: none, figures only); its card is "
+                        "<out>.md beside it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint or card already at --out (default: refuse)")
     a = p.parse_args(argv)
-    for name in ("steps", "batch", "max_facts", "eval_prompts"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     cfg = dataclasses.replace(default, seed=a.seed, steps=a.steps, batch=a.batch,
                               seq_len=a.seq_len, lr=a.lr, max_facts=a.max_facts,
                               length_warmup=a.length_warmup, device=a.device, graph=a.graph)
     if problems := cfg.problems():
-        p.error(problems[0])
+        field, message = problems[0]
+        p.error(f"--{field.replace('_', '-')}: {message}")
+    if not 1 <= a.eval_prompts <= MAX_EVAL_PROMPTS:
+        p.error(f"--eval-prompts: {a.eval_prompts} must lie in [1, {MAX_EVAL_PROMPTS}]")
+    if problem := device_problem(a.device):
+        p.error(f"--device: {problem}")
+    try:
+        outputs = None if a.out is None else claim(a.out, overwrite=a.overwrite)
+    except OutputError as err:
+        p.error(f"--out: {err}")
+    need, free = cfg.step_bytes(), free_bytes(torch.device(a.device))
+    if free is not None and need > free:
+        p.error(f"--batch {cfg.batch} x --seq-len {cfg.seq_len}: a training step needs "
+                f"{_size(need)}, {a.device} has {_size(free)} free")
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.perf_counter()
-    model, history = train(cfg)
+    try:
+        model, history = train(cfg)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{p.prog}: interrupted; nothing written\n")
+        return 130
     seconds = time.perf_counter() - start
     distances = tuple(d for d in (8, 32, 128, 240) if d < cfg.seq_len - 4)
     figures = evaluate(model, prompts=a.eval_prompts, length=cfg.seq_len, distances=distances)
     print(f"trained {cfg.steps} steps in {seconds:.1f}s on {cfg.device}")
     print(f"full prefill, prompts of {cfg.seq_len}: {figures.line()}")
-    if a.out is not None:
+    if outputs is not None:
         meta = {"train_config": json.dumps(dataclasses.asdict(cfg)),
                 "figures": json.dumps(dataclasses.asdict(figures)),
                 "train_seconds": f"{seconds:.1f}"}
-        save_weights(model, a.out, meta)
-        a.out.with_suffix(".md").write_text(card_text(cfg, figures, history, seconds, a.out))
-        print(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.1f} MB) and its card")
+        try:
+            outputs = claim(a.out, overwrite=a.overwrite)  # again: minutes have passed
+            publish(outputs.checkpoint, lambda tmp: save_weights(model, tmp, meta),
+                    overwrite=outputs.overwrite)
+            text = card_text(cfg, figures, history, seconds, a.out)
+            publish(outputs.card, lambda tmp: tmp.write_text(text, encoding="utf-8"),
+                    overwrite=outputs.overwrite)
+        except OutputError as err:
+            p.error(f"--out: {err}")
+        size = os.stat(outputs.checkpoint).st_size
+        print(f"wrote {a.out} ({size / 1e6:.1f} MB) and its card {card_path(a.out)}")
     return 0
 
 

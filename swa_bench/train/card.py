@@ -11,6 +11,14 @@ from swa_bench.model.model import Transformer
 from swa_bench.tasks import data
 from swa_bench.train.loop import Figures, TrainConfig
 
+CARD_SUFFIX = ".md"
+
+
+def card_path(checkpoint: Path) -> Path:
+    """The card beside ``checkpoint``: its name with the suffix ``.md``. A checkpoint named
+    ``*.md`` would be its own card, so ``outputs.claim`` refuses one."""
+    return checkpoint.with_suffix(CARD_SUFFIX)
+
 
 def card_text(cfg: TrainConfig, figures: Figures, history: list[dict], seconds: float,
               path: Path) -> str:

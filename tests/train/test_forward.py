@@ -168,7 +168,7 @@ def test_the_length_warm_up_trains_its_phases_in_order_then_seq_len():
 ])
 def test_a_bad_length_warm_up_is_refused_before_training(warmup, steps, message):
     cfg = TrainConfig(preset="v41-mini", steps=steps, batch=2, seq_len=256, length_warmup=warmup)
-    assert any(message in line for line in cfg.problems())
+    assert any(message in line for _, line in cfg.problems())
     with pytest.raises(ValueError, match=message):
         train(cfg, log=lambda line: None)
 
