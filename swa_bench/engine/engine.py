@@ -63,11 +63,13 @@ def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
 
 
 class Engine:
-    """``agree`` (data parallel) turns this rank's plan of a step into the route every rank
-    agreed (``swa_bench.parallel.agreement``); every rank must then plan the same steps."""
+    """One engine owns one cache, made here and never shared (the checks copy between caches,
+    ``KVCache.copy_from``). ``agree`` (data parallel) turns this rank's plan of a step into the
+    route every rank agreed (``swa_bench.parallel.agreement``); every rank must then plan the
+    same steps."""
 
     def __init__(
-        self, model: Transformer, config: EngineConfig | None = None, cache: KVCache | None = None,
+        self, model: Transformer, config: EngineConfig | None = None,
         *, agree: Callable[[StepPlan], AgreedRoute] | None = None,
     ) -> None:
         self.model = model
@@ -76,7 +78,7 @@ class Engine:
         self.config = (config or EngineConfig()).resolved(self.args.window)
         self.device = model.embed.weight.device
         dtype = model.embed.weight.dtype
-        self.cache = cache if cache is not None else KVCache(self.args, self.device, dtype)
+        self.cache = KVCache(self.args, self.device, dtype)
         self.logit_slots = self.args.max_requests
         self.graphs: CapturedGraphs | None = None
         if self.config.graph_mode != "eager":
