@@ -159,8 +159,8 @@ def _eager_threshold_apply(mp):
 def _piecewise_no_replay_batch(mp):
     real = engine_mod.Engine.forward_context
 
-    def forward_context(self, step, plan, timer=None):
-        ctx = real(self, step, plan, timer)
+    def forward_context(self, step, plan, cache, timer=None):
+        ctx = real(self, step, plan, cache, timer)
         if plan.graph_size is not None:
             ctx.replay_batch = None
         return ctx
