@@ -9,7 +9,8 @@ imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test e
   windows start, whether the step trims, which route it takes (graph size, replay batch or not,
   attention backend) given the graph mode and thresholds;
 * ``oracle_forward``: the same step run through the model with metadata, gather and scatter built
-  here, at the padded shape and backend the oracle expects. When the engine is right it runs the
+  here (its own replay route, ``KeptRows``, in a context of its own: the model is not touched),
+  at the padded shape and backend the oracle expects. When the engine is right it runs the
   same kernels on the same shapes as the engine, so the two agree **bitwise**; a selection,
   gather, scatter or routing bug shows as a mismatch whatever the dtype;
 * ``bounded_reference_metadata``: the full-batch bounded reference of SPEC E1 (decoder windows
@@ -19,8 +20,7 @@ imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test e
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,8 @@ import torch
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
-from swa_bench.model.forward_context import BatchDescriptor, ForwardContext, set_forward_context
+from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import ForwardContext, set_forward_context
 from swa_bench.model.requests import RequestSpec
 
 if TYPE_CHECKING:
@@ -212,7 +213,9 @@ def _kept_layouts(step: StepBatch, exp: Expected) -> list[RequestLayout]:
     return out
 
 
-def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs) -> ForwardContext:
+def kept_row_context(
+    step: StepBatch, exp: Expected, args: ModelArgs, cache: KVCache
+) -> ForwardContext:
     """The context the rest of S and the decoder run under on the kept rows: decoder layers see
     the kept rows as their keys, window starts at the kept starts; layer S's queries are the kept
     rows but its keys are every batch row (it wrote KV for all), window starts at the batch's."""
@@ -230,33 +233,26 @@ def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs) -> Forward
     return ForwardContext(
         attn_metadata=decoder,
         logits_indices=torch.zeros(0, dtype=torch.long, device=device),
-        batch_descriptor=BatchDescriptor(n),
+        cache=cache,
         layer_metadata={args.last_kv_source: s_meta},
     )
 
 
-@contextlib.contextmanager
-def _route(model, rows: torch.Tensor | None, ctx: ForwardContext | None) -> Iterator[None]:
-    """Replaces the model's replay-layer route for one forward: the model's own whole-batch
-    layers, or gather -> those layers under ``ctx`` -> scatter with zeros at trimmed rows."""
-    installed = model.replay_layers
+@dataclass
+class KeptRows:
+    """The oracle's replay route (``ForwardContext.replay_batch``): gather the oracle's rows ->
+    the layers under ``context`` -> scatter with zeros at trimmed rows."""
 
-    def whole(kv_s, *inputs):
-        return model.run_replay_layers(kv_s, *inputs)
+    rows: torch.Tensor
+    context: ForwardContext
 
-    def kept(kv_s, *inputs):
-        picked = [None if t is None else t.index_select(0, rows) for t in inputs]
-        with set_forward_context(ctx):
-            outs = model.run_replay_layers(kv_s, *picked)
+    def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor | None):
+        picked = [None if t is None else t.index_select(0, self.rows) for t in inputs]
+        with set_forward_context(self.context):
+            outs = run_layers(kv_s, *picked)
         return tuple(
-            o.new_zeros((kv_s.shape[0], *o.shape[1:])).index_copy_(0, rows, o) for o in outs
+            o.new_zeros((kv_s.shape[0], *o.shape[1:])).index_copy_(0, self.rows, o) for o in outs
         )
-
-    model.replay_layers = whole if rows is None else kept
-    try:
-        yield
-    finally:
-        model.replay_layers = installed
 
 
 @dataclass
@@ -280,22 +276,22 @@ def oracle_forward(
     """The step on ``engine``'s model and cache as ``expected`` says it runs: eagerly at its
     padded shape and attention backend (a graph replays exactly these kernels), with the oracle's
     kept rows and window starts. Only the model's packing (``Engine.prepare``) is shared."""
-    model = engine.model
-    model.attach_cache(engine.cache)
     step = engine.prepare(requests, tokens, cache_indices, pad_to=expected.graph_size)
+    kept = kept_ctx = None
+    if expected.replays:
+        rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
+        kept_ctx = kept_row_context(step, expected, engine.args, engine.cache)
+        kept_ctx.index_queries = {}
+        kept = KeptRows(rows, kept_ctx)
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
-        batch_descriptor=BatchDescriptor(step.num_padded),
+        cache=engine.cache,
         attention_backend=expected.backend,
+        replay_batch=kept,
     )
-    rows = kept_ctx = None
-    if expected.replays:
-        rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
-        kept_ctx = kept_row_context(step, expected, engine.args)
-        kept_ctx.index_queries = {}
-    with _route(model, rows, kept_ctx), torch.inference_mode(), set_forward_context(ctx):
-        logits, streams = model(step.input_ids)
+    with torch.inference_mode(), set_forward_context(ctx):
+        logits, streams = engine.model(step.input_ids)
     return OracleOutput(
         logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step, expected,
         kept_ctx,

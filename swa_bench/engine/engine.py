@@ -5,6 +5,10 @@
 forward context the plan calls for, and run it eagerly or through the captured graph of its padded
 size. The reference paths (full batch, bounded reference) are eager runs of the same model with
 different metadata.
+
+Many engines share one model; each owns its cache and binds it in every forward context it builds
+(and its graphs are captured under that context), so no engine computes on another's cache and
+nothing on the model changes between engines.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import (
-    BatchDescriptor,
     ForwardContext,
     RegionTimer,
     region,
@@ -29,12 +32,7 @@ from swa_bench.model.forward_context import (
 )
 from swa_bench.model.model import Streams, Transformer
 from swa_bench.model.requests import RequestSpec
-from swa_bench.replay import replay_layers
-from swa_bench.replay.replay_batch import (
-    ReplayBatch,
-    bounded_reference_metadata,
-    build_replay_batch,
-)
+from swa_bench.replay.replay_batch import ReplayBatch, build_replay_batch
 
 
 @dataclass
@@ -65,11 +63,13 @@ def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
 
 
 class Engine:
-    """``agree`` (data parallel) turns this rank's plan of a step into the route every rank
-    agreed (``swa_bench.parallel.agreement``); every rank must then plan the same steps."""
+    """One engine owns one cache, made here and never shared (the checks copy between caches,
+    ``KVCache.copy_from``). ``agree`` (data parallel) turns this rank's plan of a step into the
+    route every rank agreed (``swa_bench.parallel.agreement``); every rank must then plan the
+    same steps."""
 
     def __init__(
-        self, model: Transformer, config: EngineConfig | None = None, cache: KVCache | None = None,
+        self, model: Transformer, config: EngineConfig | None = None,
         *, agree: Callable[[StepPlan], AgreedRoute] | None = None,
     ) -> None:
         self.model = model
@@ -78,13 +78,13 @@ class Engine:
         self.config = (config or EngineConfig()).resolved(self.args.window)
         self.device = model.embed.weight.device
         dtype = model.embed.weight.dtype
-        self.cache = cache if cache is not None else KVCache(self.args, self.device, dtype)
+        self.cache = KVCache(self.args, self.device, dtype)
         self.logit_slots = self.args.max_requests
-        replay_layers.install(model)
         self.graphs: CapturedGraphs | None = None
         if self.config.graph_mode != "eager":
             self.graphs = CapturedGraphs(
-                model, self.config.graph_mode, self.config.capture_sizes, self.logit_slots
+                model, self.config.graph_mode, self.config.capture_sizes, self.logit_slots,
+                self.cache,
             )
 
     def plan(
@@ -97,10 +97,9 @@ class Engine:
 
     def capture(self) -> None:
         if self.graphs is not None and not self.graphs.captured:
-            self.model.attach_cache(self.cache)
             self.graphs.capture_all(
                 lambda static, size: self.forward_context(
-                    static, self.plan(static.requests, capture_size=size)
+                    static, self.plan(static.requests, capture_size=size), self.cache
                 )
             )
 
@@ -124,18 +123,19 @@ class Engine:
         )
 
     def forward_context(
-        self, step: StepBatch, plan: StepPlan, timer: RegionTimer | None = None
+        self, step: StepBatch, plan: StepPlan, cache: KVCache, timer: RegionTimer | None = None
     ) -> ForwardContext:
-        """The context ``plan`` calls for: its replay batch (or none) and its attention kernel."""
+        """The context ``plan`` calls for on ``cache``: its replay batch (or none) and its
+        attention kernel. ``cache`` is this engine's but for ``eager_equivalent(on=)``."""
         replay_batch = None
         if plan.replays:
             with region(timer, "prepare"):
-                replay_batch = build_replay_batch(step, plan.kept_lens, self.args)
+                replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache)
         in_full_graph = plan.graph_size is not None and self.config.graph_mode == "full"
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
-            batch_descriptor=BatchDescriptor(step.num_padded),
+            cache=cache,
             attention_backend="static" if in_full_graph else "varlen",
             replay_batch=replay_batch,
             timer=timer,
@@ -149,17 +149,16 @@ class Engine:
         *,
         timer: RegionTimer | None = None,
     ) -> StepOutput:
-        self.model.attach_cache(self.cache)
         plan = self.plan(requests)
         if plan.graph_size is None:
             step = self.prepare(requests, tokens, cache_indices)
-            ctx = self.forward_context(step, plan, timer)
+            ctx = self.forward_context(step, plan, self.cache, timer)
             logits, streams = run_forward(self.model, step, ctx)
             return StepOutput(logits, streams, step, plan, ctx.replay_batch)
         self.capture()
         padded = self.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
         step = self.graphs.load(padded, plan.graph_size)
-        ctx = self.forward_context(step, plan, timer)
+        ctx = self.forward_context(step, plan, self.cache, timer)
         logits, streams = self.graphs.run(plan.graph_size, ctx)
         return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
 
@@ -177,8 +176,7 @@ class Engine:
         target = on or self
         plan = self.plan(requests)
         step = target.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
-        ctx = self.forward_context(step, plan)
-        target.model.attach_cache(target.cache)
+        ctx = self.forward_context(step, plan, target.cache)
         logits, streams = run_forward(target.model, step, ctx)
         return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
 
@@ -188,26 +186,20 @@ class Engine:
         tokens: Sequence[Sequence[int]],
         cache_indices: Sequence[int] | None = None,
         *,
-        window_kept_lens: Sequence[int] | None = None,
         layer_metadata: dict[int, AttentionMetadata] | None = None,
         given_selection: dict[int, torch.Tensor] | None = None,
         record_index_queries: bool = False,
     ) -> StepOutput:
-        """The full-batch path: every layer on every row. ``window_kept_lens`` masks decoder
-        windows below the kept start of each request's last ``window_kept_lens[i]`` rows (the
-        bounded reference, SPEC E1); ``layer_metadata`` overrides per-layer metadata outright;
+        """The full-batch path: every layer on every row. ``layer_metadata`` overrides per-layer
+        metadata (the oracle's bounded reference of SPEC E1 masks decoder windows so);
         ``given_selection`` fixes index sources' top-k (``ForwardContext.given_selection``). The
         output keeps the forward context: its selections and, if recorded, index queries."""
-        self.model.attach_cache(self.cache)
         step = self.prepare(requests, tokens, cache_indices)
-        overrides = dict(layer_metadata or {})
-        if window_kept_lens is not None:
-            overrides.update(bounded_reference_metadata(step, window_kept_lens, self.args))
         ctx = ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
-            batch_descriptor=BatchDescriptor(step.num_padded),
-            layer_metadata=overrides,
+            cache=self.cache,
+            layer_metadata=dict(layer_metadata or {}),
             given_selection=dict(given_selection or {}),
             index_queries={} if record_index_queries else None,
         )

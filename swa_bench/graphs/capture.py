@@ -7,7 +7,9 @@ the forward meets (attention; the replay layers when the step plan of that size 
 captures hold the whole forward.
 
 This module is mechanism only: the engine plans each dummy batch and each step and hands over the
-forward context to capture or replay under.
+forward context to capture or replay under. A graph's segments hold the cache tensors of the
+context it was captured under, so the graphs are bound to one cache (the engine's): a context on
+any other cache is refused at capture and at replay, never replayed onto the wrong cache.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from swa_bench.graphs.breakable import BreakBuffers, CudaSegment, SegmentedCaptu
 from swa_bench.graphs.capture_sizes import check_capture_sizes
 from swa_bench.graphs.standin import TapeSegment
 from swa_bench.model.batch import StepBatch, build_step
+from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
 from swa_bench.model.model import Streams, Transformer
 
@@ -40,13 +43,15 @@ class CaptureStats:
 
 
 class CapturedGraphs:
-    """The graphs of one model and one mode: a segmented capture and a static batch per size."""
+    """The graphs of one model, one mode and one cache: a segmented capture and a static batch per
+    size."""
 
     def __init__(
-        self, model: Transformer, mode: CaptureMode, capture_sizes: Sequence[int], logit_slots: int
+        self, model: Transformer, mode: CaptureMode, capture_sizes: Sequence[int], logit_slots: int,
+        cache: KVCache,
     ) -> None:
         check_capture_sizes(capture_sizes)
-        self.model, self.mode = model, mode
+        self.model, self.mode, self.cache = model, mode, cache
         self.capture_sizes = list(capture_sizes)
         self.logit_slots = logit_slots
         self.device = model.embed.weight.device
@@ -95,7 +100,7 @@ class CapturedGraphs:
             self.buffers,
             breaks=self.mode == "piecewise",
         )
-        with set_forward_context(context_for(static, size)):
+        with set_forward_context(self._bound(context_for(static, size))):
             self.model(static.input_ids)  # warm-up
             if self.on_cuda:
                 torch.cuda.synchronize(self.device)
@@ -118,5 +123,10 @@ class CapturedGraphs:
     def run(self, size: int, ctx: ForwardContext) -> tuple[torch.Tensor, Streams]:
         """Replays the graph of ``size`` under ``ctx`` (its eager breaks read it): the static
         (logits, streams), valid until the next replay."""
-        with torch.inference_mode(), set_forward_context(ctx):
+        with torch.inference_mode(), set_forward_context(self._bound(ctx)):
             return self.graphs[size].run()
+
+    def _bound(self, ctx: ForwardContext) -> ForwardContext:
+        if ctx.cache is not self.cache:
+            raise RuntimeError("a captured graph runs only on the cache it is bound to")
+        return ctx

@@ -5,14 +5,17 @@ changes per step (attention metadata, the replay batch) is read from here when t
 graph segments read it only through static buffers. The replay batch runs its layers under a
 context of its own, like a microbatch.
 
-The engine decides once per step whether the decoder runs on a replay batch and puts that batch
-here (``replay_batch``, None for the whole batch); nothing below the engine re-derives it.
+Whoever builds a context binds the state the forward computes on: the KV cache (``cache``, no
+default: the model holds none, so a forward cannot run on another engine's cache) and the
+replay-batch route (``replay_batch``, None for the whole batch: the engine's decision for the
+step, or the oracle's own restatement). Nothing below the builder re-derives either, and nothing
+on the model is swapped between forwards.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -20,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from swa_bench.model.batch import AttentionMetadata
+    from swa_bench.model.cache import KVCache
 
 AttentionBackend = Literal["varlen", "static"]
 
@@ -36,26 +40,34 @@ def region(timer: RegionTimer | None, name: str) -> contextlib.AbstractContextMa
     return contextlib.nullcontext() if timer is None else timer.region(name)
 
 
-@dataclass(frozen=True)
-class BatchDescriptor:
-    """The shape a forward runs at: its padded token count, fixed per captured graph."""
+class ReplayRoute(Protocol):
+    """How the rest of layer S and the decoder run on a step's kept rows: gather the per-row
+    inputs, run ``run_layers`` under a context of its own, scatter back (zeros at trimmed rows).
+    The replay package's ``ReplayBatch`` is the engine's; the oracle states its own."""
 
-    num_tokens: int
+    def run(
+        self,
+        run_layers: Callable[..., tuple[torch.Tensor, ...]],
+        batch_kv: torch.Tensor,
+        *inputs: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]: ...
 
 
 @dataclass
 class ForwardContext:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor
-    batch_descriptor: BatchDescriptor
+    # The KV cache every layer of this forward reads and writes (a replay batch's context binds
+    # the step's). A captured graph's segments hold the cache it was captured under.
+    cache: KVCache
     # Per-layer metadata overrides: the first replay layer on the replay batch reads the batch's
     # window KV; the bounded reference masks decoder layers below the kept starts.
     layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
     attention_backend: AttentionBackend = "varlen"
-    # The step's replay batch (``swa_bench.replay.ReplayBatch``) when the engine decided the
-    # decoder runs on kept rows; None: the whole batch. Typed loosely: the model does not import
-    # the replay package that builds it.
-    replay_batch: Any = None
+    # The step's replay route (the engine's ``swa_bench.replay.ReplayBatch``) when the decoder
+    # runs on kept rows; None: the whole batch. A protocol: the model does not import the
+    # replay package that builds it.
+    replay_batch: ReplayRoute | None = None
     # Sparse attention: each index source's selection [rows, top_k] for the layers after it, set
     # when the index source runs in this forward (a replay batch has a context of its own).
     index_selection: dict[int, torch.Tensor] = field(default_factory=dict)

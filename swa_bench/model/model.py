@@ -9,9 +9,10 @@
 
 Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
 one softmax with a per-head sink. K and V are one shared latent (MQA) with partial RoPE. A layer's
-input is ``hc_mult`` residual streams (mHC), a tuple of tensors. Layers read per-step metadata
-from the forward context only, so the same code runs eagerly, in graph segments and in the replay
-batch.
+input is ``hc_mult`` residual streams (mHC), a tuple of tensors. Layers read per-step metadata,
+the KV cache and the replay route from the forward context only, so the same code runs eagerly,
+in graph segments and in the replay batch, and the model holds no per-engine state: many engines
+(and the oracle) share one model, each forward on the cache its context names.
 """
 
 from __future__ import annotations
@@ -272,7 +273,6 @@ class Attention(nn.Module):
             self.global_kv = GlobalKV(args.last_kv_source)
         else:
             self.global_kv = GlobalKV(source, args.compress_ratio)
-        self.cache: KVCache | None = None
         # Sparse attention: the index source whose selection this layer reads (None: dense).
         self.index_source = args.index_source_for(layer) if source is not None else None
         self.runs_indexer = self.index_source == layer
@@ -341,13 +341,14 @@ class Attention(nn.Module):
     def store_kv(self, kv: torch.Tensor, latent: torch.Tensor | None) -> None:
         """A KV source writes ``kv`` to its latent cache and, with sparse attention, its index
         keys from ``latent`` (the normed latent before RoPE)."""
-        meta = get_forward_context().attn_metadata
+        ctx = get_forward_context()
+        meta = ctx.attn_metadata
         if self.writes_latent:
-            self.cache.latent[self.layer].index_copy_(0, meta.global_slot, kv)
+            ctx.cache.latent[self.layer].index_copy_(0, meta.global_slot, kv)
         if self.writes_index_keys:
             keys = self.rope(self.index_norm(self.wk_index(latent)), meta.positions,
                              self.index_rope_dim, inplace=True)
-            self.cache.index_keys[self.layer].index_copy_(0, meta.global_slot, keys)
+            ctx.cache.index_keys[self.layer].index_copy_(0, meta.global_slot, keys)
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
@@ -404,7 +405,7 @@ def attention_op(
     static = ctx.attention_backend == "static"
     if attn.index_source is None:
         kernel = static_attention if static else varlen_attention
-        return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink)
+        return kernel(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink)
     if attn.runs_indexer:
         index = attn.index_query(q_latent, meta.positions, index_weights)
         if ctx.index_queries is not None:
@@ -412,11 +413,31 @@ def attention_op(
         given = ctx.given_selection.get(layer)
         if given is None:
             select = select_static if static else select_varlen
-            given = select(meta, attn.cache, index, attn.global_kv.ratio)
+            given = select(meta, ctx.cache, index, attn.global_kv.ratio)
         ctx.index_selection[layer] = given
     selection = ctx.index_selection[attn.index_source]
     kernel = sparse_static_attention if static else sparse_varlen_attention
-    return kernel(q, kv, meta, attn.cache, layer, attn.global_kv, attn.sink, selection)
+    return kernel(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection)
+
+
+def replay_layers(
+    run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor
+) -> Streams:
+    """The one route to the rest of S and the decoder: the whole batch, or the context's replay
+    route when the context's builder decided the step runs on kept rows. Captured inside a graph
+    segment when the step has no replay batch; an eager break when it has one."""
+    if get_forward_context().replay_batch is None:
+        return run_layers(batch_kv, *inputs)
+    return on_replay_batch(run_layers, batch_kv, *inputs)
+
+
+@eager_break("replay_layers")
+def on_replay_batch(
+    run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor
+) -> Streams:
+    """The replay-batch route, read from the context at every call (a PIECEWISE graph replays the
+    break under each step's context, so its kept rows are the step's, not the capture's)."""
+    return get_forward_context().replay_batch.run(run_layers, batch_kv, *inputs)
 
 
 GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
@@ -621,19 +642,10 @@ class Transformer(nn.Module):
         self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
-        # The rest of S and the decoder. On its own the model runs them on the whole batch; the
-        # replay package wraps this (``replay.replay_layers.install``) to run them on kept rows.
-        self.replay_layers: ReplayLayers = self.run_replay_layers
-        self.cache: KVCache | None = None
 
     @property
     def last_kv_source(self) -> Block:
         return self.layers[self.args.last_kv_source]
-
-    def attach_cache(self, cache: KVCache) -> None:
-        self.cache = cache
-        for block in self.layers:
-            block.attn.cache = cache
 
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams]:
         """Logits at the context's logits rows, and the final streams of every row."""
@@ -642,7 +654,7 @@ class Transformer(nn.Module):
         for block in self.layers[: self.args.last_kv_source]:
             streams = block(streams)
         x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)
-        streams = self.replay_layers(kv_s, *streams, x_s, post_s)
+        streams = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s)
         return self.compute_logits(streams), streams
 
     def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor) -> Streams:
@@ -691,13 +703,12 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Transformer, KVCache]:
-    """A model with seeded dummy weights and empty caches."""
+    """A model with seeded dummy weights, and an empty cache for it (the model holds none: the
+    forward context of each forward names the cache it runs on)."""
     device = torch.device(device)
     with torch.device("meta"):
         model = Transformer(args)
     model = model.to(dtype).to_empty(device=device)  # allocated in dtype: no fp32 copy
     init_weights(model, seed)
     model.eval().requires_grad_(False)
-    cache = KVCache(args, device, dtype)
-    model.attach_cache(cache)
-    return model, cache
+    return model, KVCache(args, device, dtype)

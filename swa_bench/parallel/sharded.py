@@ -123,8 +123,9 @@ def build_sharded_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Transformer, KVCache]:
-    """This rank's shard of the model ``build_model(args, seed=seed)`` builds: the full model is
-    drawn from the seed on every rank and sliced, so the group computes the one-rank model."""
+    """This rank's shard of the model ``build_model(args, seed=seed)`` builds, and an empty cache
+    for it: the full model is drawn from the seed on every rank and sliced, so the group computes
+    the one-rank model."""
     full, cache = build_model(args, seed=seed, device=device, dtype=dtype)
     tp_rank = rank % layout.tp
     with torch.device("meta"):
@@ -144,7 +145,6 @@ def build_sharded_model(
             shards[name].copy_(shard_of(name, p, layout, tp_rank))
     del full
     model.eval().requires_grad_(False)
-    model.attach_cache(cache)
     return model, cache
 
 

@@ -1,20 +1,35 @@
-"""The replay batch of a step: its kept rows as a sub-batch with metadata and a context of its own.
+"""The replay batch of a step: its kept rows as a sub-batch with metadata and a context of its own,
+and the route that runs the replay layers on them.
 
 Built on the host from the step's requests and the kept lengths the engine's step plan chose
 (kept rows are a pure function of them), then moved to the device with one copy per tensor:
 nothing here waits on the device.
+
+The replay layers (the rest of layer S and the decoder) take S's KV of every batch row plus per-row
+inputs (the mHC streams, S's attention input and gains). ``ReplayBatch.run`` gathers the per-row
+inputs by kept rows, runs the layers under the replay batch's context, and scatters the outputs
+back: zeros at trimmed rows, which nothing reads. Layer S's batch KV write runs before this on
+every row (and stays inside a captured segment). The engine puts the batch in the step's forward
+context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an eager break, so
+the gather, the kept-row layers and the scatter run eagerly at every graph replay).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
-from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
+from swa_bench.model.batch import RequestLayout, StepBatch, make_metadata
+from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import (
+    ForwardContext,
+    get_forward_context,
+    region,
+    set_forward_context,
+)
 from swa_bench.replay.row_selection import kept_rows, kept_window_start
 
 
@@ -29,6 +44,25 @@ class ReplayBatch:
     @property
     def num_rows(self) -> int:
         return self.rows.shape[0]
+
+    def run(
+        self,
+        run_layers: Callable[..., tuple[torch.Tensor, ...]],
+        batch_kv: torch.Tensor,
+        *inputs: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """``run_layers`` on the kept rows (``ReplayRoute``): gather, run, scatter, each timed
+        under the step's timer."""
+        timer = get_forward_context().timer
+        with region(timer, "gather"):
+            gathered = [None if t is None else t.index_select(0, self.rows) for t in inputs]
+        with region(timer, "layers"), set_forward_context(self.forward_context):
+            outputs = run_layers(batch_kv, *gathered)
+        with region(timer, "scatter"):
+            return tuple(
+                out.new_zeros((batch_kv.shape[0], *out.shape[1:])).index_copy_(0, self.rows, out)
+                for out in outputs
+            )
 
 
 def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
@@ -52,8 +86,11 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
     return out
 
 
-def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs) -> ReplayBatch:
-    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows."""
+def build_replay_batch(
+    step: StepBatch, lens: Sequence[int], args: ModelArgs, cache: KVCache
+) -> ReplayBatch:
+    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows; its layers run
+    on ``cache``, the step's."""
     lens = list(lens)
     device = step.input_ids.device
     layouts = kept_layouts(step, lens)
@@ -74,33 +111,8 @@ def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs) ->
     context = ForwardContext(
         attn_metadata=metadata,
         logits_indices=rows.new_zeros(0),
-        batch_descriptor=BatchDescriptor(num_kept),
+        cache=cache,
         layer_metadata={args.last_kv_source: first_metadata},
     )
     return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context)
 
-
-def bounded_reference_metadata(
-    step: StepBatch, lens: Sequence[int], args: ModelArgs
-) -> dict[int, AttentionMetadata]:
-    """Decoder-layer metadata of the bounded reference: the whole batch, with each request's
-    window masked below the kept start of its last ``lens[i]`` rows (layer S keeps the batch
-    starts). A request keeping no row writes no decoder ring slot, as on the replay batch."""
-    layouts = [
-        replace(lay, window_start=kept_window_start(lay.window_start, lay.seq_len, k, r.query_len))
-        for lay, r, k in zip(step.metadata.layouts, step.requests, lens, strict=True)
-    ]
-    metadata = make_metadata(
-        layouts,
-        num_q_rows=step.num_padded,
-        num_kv_rows=step.num_padded,
-        args=args,
-        device=step.input_ids.device,
-        num_request_slots=step.metadata.window_start.shape[0],
-    )
-    unwritten = [r for lay, k in zip(layouts, lens, strict=True) if k == 0
-                 for r in range(lay.kv_start, lay.kv_start + lay.kv_len)]
-    if unwritten:
-        rows = torch.tensor(unwritten, dtype=torch.long, device=metadata.ring_slot.device)
-        metadata.ring_slot.index_fill_(0, rows, args.max_requests * args.window)
-    return {layer: metadata for layer in range(args.last_kv_source + 1, args.n_layers)}

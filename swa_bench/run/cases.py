@@ -59,12 +59,14 @@ def resolve_device(scenario: Scenario) -> torch.device:
 class CaseRunner:
     """Shares models and engines across the cases of one scenario."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(
+        self, scenario: Scenario, *, agree: Callable[[StepPlan], AgreedRoute] | None = None
+    ) -> None:
         self.device = resolve_device(scenario)
         self.models: dict[str, Transformer] = {}
         self.engines: dict[tuple[EngineConfig, bool], Engine] = {}
         # Data parallel: the timed engines agree each step's route with the other ranks.
-        self.agree: Callable[[StepPlan], AgreedRoute] | None = None
+        self.agree = agree
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
         self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings

@@ -52,10 +52,11 @@ class ParallelCaseRunner(CaseRunner):
         *,
         disagree: bool = False,
     ) -> None:
-        super().__init__(scenario)
+        dp = groups.dp_group
+        super().__init__(
+            scenario, agree=None if dp is None else DataParallelAgreement(dp, disagree=disagree)
+        )
         self.device, self.groups, self.disagree = device, groups, disagree
-        if groups.dp_group is not None:
-            self.agree = DataParallelAgreement(groups.dp_group, disagree=disagree)
 
     def build_model(self, case: Case) -> Transformer:
         sc, g = case.scenario, self.groups

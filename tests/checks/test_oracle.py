@@ -128,3 +128,48 @@ def test_halo_exact_rows_shrink_by_w_minus_1_per_decoder_layer():
     assert oracle.halo_exact_rows(6, [10, 3], args) == list(range(13))
     assert oracle.halo_exact_rows(7, [10, 3], args) == [7, 8, 9]
     assert oracle.halo_exact_rows(9, [30], args) == list(range(21, 30))
+
+
+def model_state(model) -> dict[str, int]:
+    """Every attribute of every module of ``model`` by identity (parameters, buffers and
+    submodules included): what swapping a route or a cache into the model would change."""
+    state = {}
+    for path, module in model.named_modules():
+        for attr, value in vars(module).items():
+            state[f"{path}.{attr}"] = id(value)
+            if isinstance(value, dict):
+                state.update({f"{path}.{attr}[{k}]": id(v) for k, v in value.items()})
+    return state
+
+
+def test_the_oracle_runs_its_route_without_touching_the_model(tiny_model, monkeypatch):
+    """The oracle's kept rows run through a route in its own forward context: while its forward
+    runs the replay layers the model is the model it was before (nothing swapped in), and its
+    output equals the engine's step bitwise."""
+    import torch
+
+    from swa_bench.engine.engine import Engine
+    from swa_bench.engine.step_inputs import StepInputs
+    from swa_bench.model.model import Transformer
+
+    args = tiny_model.args
+    load = StepInputs.seeded([R(3 * args.window), R(12, decode=True)], args.vocab_size, seed=4)
+    engine = Engine(tiny_model)
+    load.fill_context(engine)
+    expected = oracle.expect_for(engine, load.requests)
+    assert expected.replays, expected.reason
+    before, seen = model_state(tiny_model), []
+    real = Transformer.run_replay_layers
+
+    def spy(self, kv_s, *inputs):
+        seen.append(model_state(self))
+        return real(self, kv_s, *inputs)
+
+    twin = Engine(tiny_model)
+    twin.cache.copy_from(engine.cache)
+    monkeypatch.setattr(Transformer, "run_replay_layers", spy)
+    out = oracle.oracle_forward(engine, load.requests, load.step_tokens, None, expected)
+    assert seen == [before] and model_state(tiny_model) == before
+    monkeypatch.undo()
+    step = twin.step(load.requests, load.step_tokens)
+    assert torch.equal(out.logits, step.logits)

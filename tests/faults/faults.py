@@ -17,10 +17,8 @@ import swa_bench.engine.engine as engine_mod
 import swa_bench.graphs.capture as capture
 import swa_bench.model.sparse_attention as sparse_attention
 import swa_bench.replay.replay_batch as replay_batch
-import swa_bench.replay.replay_layers as replay_layers
 import swa_bench.replay.row_selection as row_selection
 from swa_bench.model.forward_context import get_forward_context, region, set_forward_context
-from swa_bench.model.graph_breaks import eager_break
 
 SMOKE, COVERAGE = "scenarios/smoke.yaml", "scenarios/coverage.yaml"
 # Cases by label, so a reordered sweep cannot point a fault at a case it does not reach.
@@ -66,18 +64,17 @@ def _window_start_fault(shift):
 
 
 def _replay_route(gather_rows=None, scatter_rows=None, base=None):
-    """A faulty gather/scatter around the replay layers (still an eager break)."""
+    """A faulty gather/scatter around the replay layers (the model's eager break still wraps it)."""
 
     def apply(mp):
-        @eager_break("replay_layers")
-        def run_on_replay_batch(self, batch_kv, *inputs):
+        def run(self, run_layers, batch_kv, *inputs):
             ctx = get_forward_context()
-            rows = ctx.replay_batch.rows
+            rows = self.rows
             g = rows if gather_rows is None else gather_rows(rows)
             with region(ctx.timer, "gather"):
                 gathered = [None if t is None else t.index_select(0, g) for t in inputs]
-            with set_forward_context(ctx.replay_batch.forward_context):
-                outputs = self.run_layers(batch_kv, *gathered)
+            with set_forward_context(self.forward_context):
+                outputs = run_layers(batch_kv, *gathered)
             s = rows if scatter_rows is None else scatter_rows(rows)
             out = []
             for i, o in enumerate(outputs):
@@ -86,7 +83,7 @@ def _replay_route(gather_rows=None, scatter_rows=None, base=None):
                 out.append(start.index_copy_(0, s, o))
             return tuple(out)
 
-        mp.setattr(replay_layers.DecoderReplayLayers, "run_on_replay_batch", run_on_replay_batch)
+        mp.setattr(replay_batch.ReplayBatch, "run", run)
 
     return apply
 
@@ -95,8 +92,8 @@ def _replay_batch_fault(edit):
     real = engine_mod.build_replay_batch
 
     def apply(mp):
-        def build(step, lens, args):
-            rb = real(step, lens, args)
+        def build(step, lens, args, cache):
+            rb = real(step, lens, args, cache)
             edit(rb, step, args)
             return rb
 
@@ -162,8 +159,8 @@ def _eager_threshold_apply(mp):
 def _piecewise_no_replay_batch(mp):
     real = engine_mod.Engine.forward_context
 
-    def forward_context(self, step, plan, timer=None):
-        ctx = real(self, step, plan, timer)
+    def forward_context(self, step, plan, cache, timer=None):
+        ctx = real(self, step, plan, cache, timer)
         if plan.graph_size is not None:
             ctx.replay_batch = None
         return ctx

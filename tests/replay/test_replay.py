@@ -8,23 +8,23 @@ import torch
 from swa_bench.checks.approximation import approximation
 from swa_bench.checks.comparison import Tolerance, compare
 from swa_bench.checks.equivalence import check_e1, check_e2, check_e4, check_e5
-from swa_bench.checks.oracle import expect_for
+from swa_bench.checks.oracle import bounded_reference_metadata, expect_for
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, run_forward
 from swa_bench.engine.step_inputs import StepInputs
-from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
+from swa_bench.model.forward_context import ForwardContext, get_forward_context
 from swa_bench.model.requests import RequestSpec
-from swa_bench.replay.replay_batch import build_replay_batch
+from swa_bench.replay.replay_batch import ReplayBatch, build_replay_batch
 
 TOL = Tolerance.for_dtype(torch.float32)
 
 
-def forward(model, step, replay_batch=None):
-    """One eager forward of ``step``, on ``replay_batch`` when given."""
+def forward(model, step, cache, replay_batch=None):
+    """One eager forward of ``step`` on ``cache``, on ``replay_batch`` when given."""
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
-        batch_descriptor=BatchDescriptor(step.num_padded),
+        cache=cache,
         replay_batch=replay_batch,
     )
     return run_forward(model, step, ctx)
@@ -84,7 +84,7 @@ def test_short_prefills_take_the_whole_batch_route(tiny_model, tiny_args):
     assert compare("logits", out.logits, ref.logits, None) is None
 
 
-def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args):
+def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch):
     """One decode row, a prefill trimmed to its last W, a prefill of W - 2 kept whole: the replay
     batch's inputs are the batch rows at the kept indices, trimmed rows' outputs are zero."""
     w = tiny_args.window
@@ -97,35 +97,28 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args):
     engine = Engine(tiny_model)
     load.fill_context(engine)
     step = engine.prepare(load.requests, load.step_tokens)
-    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args,
+                                      engine.cache)
     expected_rows = [0, *range(1 + 4 * w - w, 1 + 4 * w), *range(1 + 4 * w, 1 + 4 * w + w - 2)]
     assert replay_batch.rows.tolist() == expected_rows
 
-    seen = {}
-    layers = tiny_model.replay_layers
-    original = layers.run_layers
+    seen, captured = {}, {}
+    real_run = ReplayBatch.run
 
-    def spy(batch_kv, *inputs):
-        seen["kv"], seen["inputs"] = batch_kv, inputs
-        outputs = original(batch_kv, *inputs)
-        seen["outputs"] = outputs
-        return outputs
-
-    layers.run_layers = spy
-    captured = {}
-    real_call = type(layers).__call__
-
-    def capture_inputs(self, batch_kv, *inputs):
+    def run(self, run_layers, batch_kv, *inputs):
         captured["inputs"] = inputs
-        return real_call(self, batch_kv, *inputs)
 
-    try:
-        type(layers).__call__ = capture_inputs
-        engine.model.attach_cache(engine.cache)
-        _, streams = forward(tiny_model, step, replay_batch)
-    finally:
-        type(layers).__call__ = real_call
-        layers.run_layers = original
+        def spy(kv, *gathered):
+            seen["kv"], seen["inputs"] = kv, gathered
+            seen["context"] = get_forward_context()
+            seen["outputs"] = run_layers(kv, *gathered)
+            return seen["outputs"]
+
+        return real_run(self, spy, batch_kv, *inputs)
+
+    monkeypatch.setattr(ReplayBatch, "run", run)
+    _, streams = forward(tiny_model, step, engine.cache, replay_batch)
+    assert seen["context"] is replay_batch.forward_context, "kept rows run under their context"
     rows = replay_batch.rows
     for batch_input, gathered in zip(captured["inputs"], seen["inputs"], strict=True):
         assert torch.equal(batch_input.index_select(0, rows), gathered)
@@ -144,7 +137,8 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
     reference = Engine(tiny_model)
     reference.cache.copy_from(engine.cache)
     step = engine.prepare(workload.requests, workload.step_tokens)
-    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_model.args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_model.args,
+                                      engine.cache)
     first = replay_batch.forward_context.layer_metadata[s]
     kept = replay_batch.forward_context.attn_metadata
     wrong = dataclasses.replace(
@@ -156,13 +150,12 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
         ),
     )
     replay_batch.forward_context.layer_metadata[s] = wrong
-    engine.model.attach_cache(engine.cache)
-    logits, _ = forward(tiny_model, step, replay_batch)
-    ref = reference.reference_step(
-        workload.requests,
-        workload.step_tokens,
-        window_kept_lens=reference.policy_kept_lens(workload.requests),
-    )
+    logits, _ = forward(tiny_model, step, engine.cache, replay_batch)
+    unpadded = reference.prepare(workload.requests, workload.step_tokens)
+    bounded = bounded_reference_metadata(unpadded, expect_for(reference, workload.requests),
+                                         tiny_model.args)
+    ref = reference.reference_step(workload.requests, workload.step_tokens,
+                                   layer_metadata=bounded)
     assert compare("logits", logits, ref.logits, TOL) is not None
 
 
@@ -173,7 +166,8 @@ def test_trimmed_rows_write_no_ring_slot(tiny_model, workload, tiny_args):
     engine = Engine(tiny_model)
     workload.fill_context(engine)
     step = engine.prepare(workload.requests, workload.step_tokens)
-    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args,
+                                      engine.cache)
     trash = tiny_args.max_requests * w
     first = replay_batch.forward_context.layer_metadata[tiny_args.last_kv_source]
     kept = set(expect_for(engine, step.requests).rows)

@@ -14,10 +14,9 @@ from swa_bench.engine.engine import run_forward
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.args import PRESETS
 from swa_bench.model.batch import build_step
-from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
+from swa_bench.model.forward_context import ForwardContext
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.replay import replay_layers
 from swa_bench.replay.replay_batch import build_replay_batch
 from swa_bench.results import load_results
 from swa_bench.run.commands import run_scenarios
@@ -75,11 +74,11 @@ def spec_path(prompt_len: int, policy: str, mode: str, eager_threshold: int):
     return size, (keep, 1)
 
 
-def flops_of(model, inputs: StepInputs, size, kept, mode) -> int:
+def flops_of(model, cache, inputs: StepInputs, size, kept, mode) -> int:
     step = build_step(inputs.requests, inputs.step_tokens, [0, 1], ARGS, "cpu", pad_to=size,
                       logit_slots=None if size is None else ARGS.max_requests)
-    replay_batch = None if kept is None else build_replay_batch(step, kept, ARGS)
-    ctx = ForwardContext(step.metadata, step.logits_indices, BatchDescriptor(step.num_padded),
+    replay_batch = None if kept is None else build_replay_batch(step, kept, ARGS, cache)
+    ctx = ForwardContext(step.metadata, step.logits_indices, cache,
                          replay_batch=replay_batch,
                          attention_backend="static" if size and mode == "full" else "varlen")
     return count_flops(lambda: run_forward(model, step, ctx))
@@ -96,7 +95,6 @@ def run(tmp_path_factory):
 
 def test_figures_describe_the_path_that_ran(run):
     model, cache = build_model(ARGS, seed=0)
-    replay_layers.install(model)
     assert len(run.cases) == len(CASES) and all(c.status == "ok" for c in run.cases), [
         c.error for c in run.cases if c.error]
     seen = set()
@@ -110,8 +108,9 @@ def test_figures_describe_the_path_that_ran(run):
         assert case.deterministic["kept_rows"] == (prompt + 1 if kept is None else sum(kept)), where
         ref_size = None if p["graph_mode"] == "eager" else size
         mode = p["graph_mode"]
-        assert case.flops["reference"] == flops_of(model, inputs, ref_size, None, mode), where
-        assert case.flops["replay"] == flops_of(model, inputs, size, kept, mode), where
+        ref_flops = flops_of(model, cache, inputs, ref_size, None, mode)
+        assert case.flops["reference"] == ref_flops, where
+        assert case.flops["replay"] == flops_of(model, cache, inputs, size, kept, mode), where
         assert case.ideal_speedup == pytest.approx(case.flops["reference"] / case.flops["replay"])
         assert (case.ideal_speedup > 1) == (kept is not None and sum(kept) < prompt + 1), where
         seen.add((p["graph_mode"], size is None, kept is None))
