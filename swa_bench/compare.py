@@ -5,6 +5,9 @@ their index, so reordering a sweep or adding cases keeps the matches. Timing onl
 slowdown is both statistically significant (one-sided Mann-Whitney U, current > baseline) and larger
 than `max_slowdown`: significance alone flags microsecond noise on quiet machines, size alone flags
 noise on busy ones. Deterministic figures (kept rows, captured graphs, FLOPs) must match exactly.
+A pair of cases that ran other kernels (backend, tile, launch mode: ``CaseResult.kernels``) did not
+measure the same thing: it is "incomparable" and fails the gate, unless the comparison is asked for
+as an A/B (``allow_config_change``), when it is compared and the difference is warned about.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from swa_bench.results import (
     write_text_atomic,
 )
 
-RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
+RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning",
+                    "incomparable"]
 TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
 CaseKey = tuple[str, int]  # what the case measures (case_key), and which repeat of it (1, 2...)
@@ -90,19 +94,26 @@ class Comparison:
         return any(row.status == "regressed" for row in self.rows)
 
     @property
+    def incomparable(self) -> int:
+        """Cases in both runs that ran other kernels, not accepted as an A/B comparison."""
+        return sum(row.status == "incomparable" for row in self.rows)
+
+    @property
     def matched(self) -> int:
         """Cases found in both runs: what was actually compared."""
-        return sum(row.status not in ("new", "missing") for row in self.rows)
+        return sum(row.status not in ("new", "missing", "incomparable") for row in self.rows)
 
     @property
     def failed(self) -> bool:
-        """The gate fails on a regression, and when nothing was compared at all."""
-        return self.regressed or self.matched == 0
+        """The gate fails on a regression, on cases that ran other kernels, and when nothing was
+        compared at all."""
+        return self.regressed or self.incomparable > 0 or self.matched == 0
 
     def counts(self) -> dict[str, int]:
         tally = Counter(row.status for row in self.rows)
         return {status: tally.get(status, 0) for status in
-                ("regressed", "improved", "warning", "unchanged", "new", "missing")}
+                ("regressed", "incomparable", "improved", "warning", "unchanged", "new",
+                 "missing")}
 
 
 def case_key(case: CaseResult) -> str:
@@ -121,6 +132,15 @@ def _keyed(results: RunResults) -> dict[CaseKey, CaseResult]:
         seen[key] += 1
         keyed[key, seen[key]] = case
     return keyed
+
+
+def kernel_differences(baseline: CaseResult, current: CaseResult) -> list[str]:
+    """What differs between the kernels two cases ran (``backend torch -> triton``); none when
+    they agree or a side did not record them (a results file from before they were recorded)."""
+    if baseline.kernels is None or current.kernels is None:
+        return []
+    before, after = baseline.kernels.model_dump(), current.kernels.model_dump()
+    return [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
 
 
 def environment_differences(baseline: RunResults, current: RunResults) -> list[str]:
@@ -194,11 +214,16 @@ def _exact_differences(name: str, baseline: dict[str, int], current: dict[str, i
 
 def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
                  timing_gate: str | None, max_slowdown: float, alpha: float,
-                 min_samples: int) -> ComparisonRow:
-    """`timing_gate` is None when timing may regress, else why it may not (reported instead)."""
+                 min_samples: int, allow_config_change: bool = False) -> ComparisonRow:
+    """`timing_gate` is None when timing may regress, else why it may not (reported instead).
+    Cases that ran other kernels are "incomparable", or with `allow_config_change` compared as
+    an A/B with the difference warned about; either way the difference is the first reason."""
     regressions: list[str] = []
     improvements: list[str] = []
     warnings: list[str] = []
+    kernels = kernel_differences(baseline, current)
+    if kernels and allow_config_change:
+        warnings.append("A/B: kernels differ (" + ", ".join(kernels) + ")")
 
     if current.status == "error" and baseline.status != "error":
         regressions.append(f"case now raises: {' '.join((current.error or '').split())}")
@@ -252,12 +277,17 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
 
     status: RowStatus = ("regressed" if regressions else "warning" if warnings
                          else "improved" if improvements else "unchanged")
-    return ComparisonRow(key, current.label, status,
-                         tuple(regressions + warnings + improvements), tuple(timings))
+    reasons = regressions + warnings + improvements
+    if kernels and not allow_config_change:
+        status = "incomparable"
+        reasons.insert(0, "kernels differ (" + ", ".join(kernels) + "): not the same measurement "
+                       "(--allow-config-change compares them as an A/B)")
+    return ComparisonRow(key, current.label, status, tuple(reasons), tuple(timings))
 
 
 def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: float = 0.05,
-                 alpha: float = 0.01, min_samples: int = 5, gate_timing: bool = True) -> Comparison:
+                 alpha: float = 0.01, min_samples: int = 5, gate_timing: bool = True,
+                 allow_config_change: bool = False) -> Comparison:
     """Match cases and classify each; pure. Missing cases are reported but never regress."""
     env_diffs = environment_differences(baseline, current)
     run_warnings = []
@@ -280,7 +310,8 @@ def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: flo
         else:
             rows.append(compare_case(key, before, case, timing_gate=timing_gate,
                                      max_slowdown=max_slowdown, alpha=alpha,
-                                     min_samples=min_samples))
+                                     min_samples=min_samples,
+                                     allow_config_change=allow_config_change))
     for key, case in baseline_cases.items():
         if key not in current_cases:
             rows.append(ComparisonRow(key, case.label, "missing", ("in baseline only",)))
@@ -293,7 +324,8 @@ def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: flo
 
 # --- rendering and the CLI body ------------------------------------------------------------------
 
-_ORDER = {"regressed": 0, "warning": 1, "missing": 2, "improved": 3, "new": 4, "unchanged": 5}
+_ORDER = {"regressed": 0, "incomparable": 1, "warning": 2, "missing": 3, "improved": 4, "new": 5,
+          "unchanged": 6}
 
 
 def _timing_cell(row: ComparisonRow, path: str) -> str:
@@ -310,7 +342,9 @@ def sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
 
 def verdict_line(comparison: Comparison) -> str:
     counts = comparison.counts()
+    n = comparison.incomparable
     head = ("REGRESSED" if comparison.regressed
+            else f"NOT COMPARABLE ({n} case{'s' if n > 1 else ''} ran other kernels)" if n
             else "FAILED (no case in common: nothing compared)" if comparison.failed else "OK")
     gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
             if comparison.timing_gated else "timing not gated")
@@ -339,6 +373,7 @@ def comparison_json(comparison: Comparison, *, baseline: str, current: str) -> d
 
     return {
         "verdict": ("regressed" if comparison.regressed else
+                    "not comparable" if comparison.incomparable else
                     "nothing compared" if comparison.failed else "ok"),
         "baseline": baseline, "current": current, "counts": comparison.counts(),
         "matched": comparison.matched, "timing_gated": comparison.timing_gated,
@@ -382,9 +417,11 @@ def _check_out(out: Path, protected: set[Path], explicit: bool) -> str | None:
 
 def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05,
                     out: Path | None = None, gate_timing: bool = True,
-                    console: Console | None = None, as_json: bool = False) -> int:
-    """Exit code: 0 no regression, 1 a regression or nothing compared, 2 bad input (one line
-    on stderr). ``as_json`` prints the comparison as JSON on stdout instead of the table."""
+                    console: Console | None = None, as_json: bool = False,
+                    allow_config_change: bool = False) -> int:
+    """Exit code: 0 no regression, 1 a regression, cases that ran other kernels (unless
+    ``allow_config_change``) or nothing compared, 2 bad input (one line on stderr).
+    ``as_json`` prints the comparison as JSON on stdout instead of the table."""
     from swa_bench.report import append_step_summary_text
     from swa_bench.report.console import print_comparison
 
@@ -407,7 +444,7 @@ def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05
         return _fail(problem)
 
     comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
-                              gate_timing=gate_timing)
+                              gate_timing=gate_timing, allow_config_change=allow_config_change)
     markdown = comparison_markdown(comparison, baseline=str(baseline), current=str(current))
     try:
         write_text_atomic(out, markdown)

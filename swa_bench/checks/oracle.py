@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
 from swa_bench.model.forward_context import BatchDescriptor, ForwardContext, set_forward_context
@@ -212,10 +213,12 @@ def _kept_layouts(step: StepBatch, exp: Expected) -> list[RequestLayout]:
     return out
 
 
-def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs) -> ForwardContext:
+def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs,
+                     kernels: Kernels) -> ForwardContext:
     """The context the rest of S and the decoder run under on the kept rows: decoder layers see
     the kept rows as their keys, window starts at the kept starts; layer S's queries are the kept
-    rows but its keys are every batch row (it wrote KV for all), window starts at the batch's."""
+    rows but its keys are every batch row (it wrote KV for all), window starts at the batch's.
+    On ``kernels``, the engine's, as its replay batch runs."""
     kept = _kept_layouts(step, exp)
     n = len(exp.rows)
     device = step.input_ids.device
@@ -231,6 +234,7 @@ def kept_row_context(step: StepBatch, exp: Expected, args: ModelArgs) -> Forward
         attn_metadata=decoder,
         logits_indices=torch.zeros(0, dtype=torch.long, device=device),
         batch_descriptor=BatchDescriptor(n),
+        kernels=kernels,
         layer_metadata={args.last_kv_source: s_meta},
     )
 
@@ -278,8 +282,9 @@ def oracle_forward(
     expected: Expected,
 ) -> OracleOutput:
     """The step on ``engine``'s model and cache as ``expected`` says it runs: eagerly at its
-    padded shape and attention backend (a graph replays exactly these kernels), with the oracle's
-    kept rows and window starts. Only the model's packing (``Engine.prepare``) is shared."""
+    padded shape, attention backend and kernels (a graph replays exactly these kernels), with the
+    oracle's kept rows and window starts. Only the model's packing (``Engine.prepare``) is
+    shared."""
     model = engine.model
     model.attach_cache(engine.cache)
     step = engine.prepare(requests, tokens, cache_indices, pad_to=expected.graph_size)
@@ -287,12 +292,13 @@ def oracle_forward(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
         batch_descriptor=BatchDescriptor(step.num_padded),
+        kernels=engine.kernels,
         attention_backend=expected.backend,
     )
     rows = kept_ctx = None
     if expected.replays:
         rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
-        kept_ctx = kept_row_context(step, expected, engine.args)
+        kept_ctx = kept_row_context(step, expected, engine.args, engine.kernels)
         kept_ctx.index_queries = {}
     with _route(model, rows, kept_ctx), torch.inference_mode(), set_forward_context(ctx):
         logits, streams = model(step.input_ids)

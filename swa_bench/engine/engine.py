@@ -4,7 +4,8 @@
 (``dispatch.plan_step``: graph or eager, whole batch or replay batch), pack the requests, build the
 forward context the plan calls for, and run it eagerly or through the captured graph of its padded
 size. The reference paths (full batch, bounded reference) are eager runs of the same model with
-different metadata.
+different metadata. Which kernels run is resolved once, at construction, for the engine's device
+(``Engine.kernels``) and carried in every forward context it builds: its graphs capture them.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan, plan_step, policy_kept_lens
 from swa_bench.graphs.capture import CapturedGraphs
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
 from swa_bench.model.cache import KVCache
@@ -77,6 +79,7 @@ class Engine:
         self.args: ModelArgs = model.args
         self.config = (config or EngineConfig()).resolved(self.args.window)
         self.device = model.embed.weight.device
+        self.kernels: Kernels = resolve_kernels(self.config.kernels, self.device.type)
         dtype = model.embed.weight.dtype
         self.cache = cache if cache is not None else KVCache(self.args, self.device, dtype)
         self.logit_slots = self.args.max_requests
@@ -130,12 +133,13 @@ class Engine:
         replay_batch = None
         if plan.replays:
             with region(timer, "prepare"):
-                replay_batch = build_replay_batch(step, plan.kept_lens, self.args)
+                replay_batch = build_replay_batch(step, plan.kept_lens, self.args, self.kernels)
         in_full_graph = plan.graph_size is not None and self.config.graph_mode == "full"
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
             batch_descriptor=BatchDescriptor(step.num_padded),
+            kernels=self.kernels,
             attention_backend="static" if in_full_graph else "varlen",
             replay_batch=replay_batch,
             timer=timer,
@@ -207,6 +211,7 @@ class Engine:
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
             batch_descriptor=BatchDescriptor(step.num_padded),
+            kernels=self.kernels,
             layer_metadata=overrides,
             given_selection=dict(given_selection or {}),
             index_queries={} if record_index_queries else None,

@@ -6,7 +6,10 @@ graph segments read it only through static buffers. The replay batch runs its la
 context of its own, like a microbatch.
 
 The engine decides once per step whether the decoder runs on a replay batch and puts that batch
-here (``replay_batch``, None for the whole batch); nothing below the engine re-derives it.
+here (``replay_batch``, None for the whole batch); nothing below the engine re-derives it. Which
+kernels run is the engine's too, resolved once at its construction and carried here
+(``kernels``) into every context it builds, a replay batch's included: layers read it through
+``active_kernels``, never the environment.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
+
+from swa_bench.kernels.config import TORCH_KERNELS, Kernels
 
 if TYPE_CHECKING:
     from swa_bench.model.batch import AttentionMetadata
@@ -48,6 +53,8 @@ class ForwardContext:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor
     batch_descriptor: BatchDescriptor
+    # The engine's resolved kernels (``Engine.kernels``): every fused call site reads these.
+    kernels: Kernels
     # Per-layer metadata overrides: the first replay layer on the replay batch reads the batch's
     # window KV; the bounded reference masks decoder layers below the kept starts.
     layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
@@ -79,6 +86,12 @@ def get_forward_context() -> ForwardContext:
     if _current is None:
         raise RuntimeError("no forward context is set: run the model through set_forward_context")
     return _current
+
+
+def active_kernels() -> Kernels:
+    """The current context's kernels; the PyTorch path without a context (the training
+    forward runs the blocks without one)."""
+    return TORCH_KERNELS if _current is None else _current.kernels
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
 from swa_bench.model.forward_context import BatchDescriptor, ForwardContext
@@ -52,8 +53,10 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
     return out
 
 
-def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs) -> ReplayBatch:
-    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows."""
+def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs,
+                       kernels: Kernels) -> ReplayBatch:
+    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows, its layers run
+    on ``kernels`` (the step's engine's)."""
     lens = list(lens)
     device = step.input_ids.device
     layouts = kept_layouts(step, lens)
@@ -75,6 +78,7 @@ def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs) ->
         attn_metadata=metadata,
         logits_indices=rows.new_zeros(0),
         batch_descriptor=BatchDescriptor(num_kept),
+        kernels=kernels,
         layer_metadata={args.last_kv_source: first_metadata},
     )
     return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context)

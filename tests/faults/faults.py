@@ -95,8 +95,8 @@ def _replay_batch_fault(edit):
     real = engine_mod.build_replay_batch
 
     def apply(mp):
-        def build(step, lens, args):
-            rb = real(step, lens, args)
+        def build(step, lens, args, kernels):
+            rb = real(step, lens, args, kernels)
             edit(rb, step, args)
             return rb
 
