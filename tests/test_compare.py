@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from swa_bench.compare import case_key, compare_command, compare_runs
-from swa_bench.results import CaseTiming, RunResults, save_results
+from swa_bench.compare import case_key, compare_command, compare_runs, verdict_line
+from swa_bench.results import CaseTiming, KernelRecord, RunResults, save_results
 from tests.report import synthetic
 
 
@@ -125,6 +125,48 @@ def test_flop_or_deterministic_change_regresses():
     assert any(r.startswith("flops.replay ") for r in regressed[baseline.cases[2].label])
     assert any(r.startswith("deterministic.kept_rows ") and r.endswith("-> 999")
                for r in regressed[baseline.cases[4].label])
+
+
+def with_kernels(results: RunResults, **changes) -> RunResults:
+    """``results`` with every case recording the interpreted Triton kernels, ``changes`` over."""
+    out = results.model_copy(deep=True)
+    for case in out.cases:
+        case.kernels = KernelRecord(**{"backend": "triton", "tile": "auto", "launch": "direct",
+                                       "interpret": True, **changes})
+    return out
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"backend": "torch"}, "backend triton -> torch"),
+    ({"tile": "64,0,8,2"}, "tile auto -> 64,0,8,2"),
+    ({"launch": "triton", "interpret": False}, "launch direct -> triton, interpret True -> False"),
+])
+def test_cases_that_ran_other_kernels_are_never_unchanged(change, reason):
+    """Same figures, other kernels: every case is incomparable and named so, the verdict says it
+    and the gate fails; asked for as an A/B, the cases are compared and the change warned about.
+    Agreeing records, or a side that recorded none (an older file), compare as before."""
+    baseline = with_kernels(run())
+    current = with_kernels(baseline, **change)
+    comparison = compare_runs(baseline, current)
+    assert statuses(comparison) == {"incomparable"} and comparison.failed
+    assert all(row.reasons[0].startswith(f"kernels differ ({reason})") for row in comparison.rows)
+    assert verdict_line(comparison).startswith(f"NOT COMPARABLE ({len(baseline.cases)} cases")
+    assert comparison.matched == 0 and comparison.counts()["incomparable"] == len(baseline.cases)
+    ab = compare_runs(baseline, current, allow_config_change=True)
+    assert statuses(ab) == {"warning"} and not ab.failed
+    assert all(f"A/B: kernels differ ({reason})" in row.reasons for row in ab.rows)
+    assert statuses(compare_runs(baseline, baseline.model_copy(deep=True))) == {"unchanged"}
+    assert statuses(compare_runs(run(), current)) == {"unchanged"}
+
+
+def test_the_command_fails_on_other_kernels_unless_allowed(tmp_path, capsys):
+    baseline = with_kernels(run())
+    base, cur = _dirs(tmp_path, baseline, with_kernels(baseline, backend="torch"))
+    quiet = Console(file=io.StringIO())
+    assert compare_command(base, cur, console=quiet) == 1
+    assert "NOT COMPARABLE" in (cur / "compare.md").read_text()
+    assert compare_command(base, cur, console=quiet, allow_config_change=True) == 0
+    assert "A/B: kernels differ (backend triton -&gt; torch)" in (cur / "compare.md").read_text()
 
 
 def test_a_newly_recorded_figure_only_warns():
