@@ -14,13 +14,15 @@ from swa_bench.engine.config import triton_interpreting
 from swa_bench.results import load_results
 from swa_bench.run.commands import run_scenarios
 
+# Three layers and one stream: the interpreter takes about 2 s a forward of this model, 40 s of
+# the tiny preset's eight layers and four mHC streams.
 SCENARIO = """\
 name: kernel-settings
 device: cpu
-model: {{preset: tiny}}
+model: {{preset: tiny, overrides: {{n_layers: 3, kv_sources: [1], hc_mult: 1}}}}
 workload:
   requests:
-    - {{prompt_len: 20}}
+    - {{prompt_len: 12}}
 {kernels}
 checks:
   e1: {{enabled: false}}
@@ -64,5 +66,14 @@ def test_two_kernel_settings_are_recorded_and_refused_by_compare(tmp_path, monke
                                      "16,0,4,1)")
     quiet = Console(file=io.StringIO())
     assert compare_command(runs["torch"], runs["triton"], console=quiet, gate_timing=False) == 1
+    # As an A/B: compared, the kernels and the FLOPs they count (the kernel's formula is not the
+    # PyTorch path's) warned about, timing (too few samples here) reported.
+    ab = compare_runs(load_results(runs["torch"]), load_results(runs["triton"]),
+                      allow_config_change=True)
+    (row,) = ab.rows
+    assert row.status == "warning" and not ab.failed
+    assert "A/B: kernels differ (backend torch -> triton, tile auto -> 16,0,4,1)" in row.reasons
+    assert any(r.startswith("flops.replay ") and r.endswith("[other kernels]")
+               for r in row.reasons)
     assert compare_command(runs["torch"], runs["triton"], console=quiet, gate_timing=False,
                            allow_config_change=True) == 0
