@@ -159,9 +159,9 @@ class KernelRecord(_Strict):
     measure the same thing only when these agree (``compare`` refuses them otherwise)."""
 
     backend: str  # torch or triton, resolved for the device
-    tile: str  # the attention kernel's "block_n,block_dv,num_warps,num_stages", or "auto"
-    launch: str  # direct or triton
-    interpret: bool  # Triton's interpreter (CPU tensors)
+    tile: str  # the attention kernel's "block_n,block_dv,num_warps,num_stages", "auto"; "-": torch
+    launch: str  # direct or triton; "-" on the PyTorch path
+    interpret: bool  # Triton's interpreter ran the kernels (CPU tensors)
 
 
 class CaseResult(_Strict):

@@ -186,6 +186,11 @@ class Kernels:
     launch: str = "direct"
     interpret: bool = False
 
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS or self.launch not in LAUNCH_MODES:
+            raise ValueError(f"Kernels: backend {self.backend!r} or launch {self.launch!r} "
+                             f"is not one of {BACKENDS} / {LAUNCH_MODES}")
+
     @property
     def triton(self) -> bool:
         return self.backend == "triton"
@@ -219,7 +224,11 @@ class Kernels:
         return not self.interpret and self.launch == "direct"
 
     def record(self) -> dict[str, str | bool]:
-        """What results.json stores per case: two runs compare only when these agree."""
+        """What results.json stores per case, what ran: two runs compare only when these agree.
+        The PyTorch path runs no Triton kernel, so its tile, launch mode and interpreter are
+        none ("-", "-", False): settings that changed nothing never part two runs."""
+        if not self.triton:
+            return {"backend": self.backend, "tile": "-", "launch": "-", "interpret": False}
         return {"backend": self.backend,
                 "tile": "auto" if self.tile is None else self.tile.label(),
                 "launch": self.launch, "interpret": self.interpret}
