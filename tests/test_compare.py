@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from swa_bench.compare import case_key, compare_command, compare_runs, verdict_line
+from swa_bench.compare import (
+    case_key,
+    compare_command,
+    compare_runs,
+    comparison_json,
+    verdict_line,
+)
 from swa_bench.results import CaseTiming, KernelRecord, RunResults, save_results
 from tests.report import synthetic
 
@@ -152,6 +158,7 @@ def test_cases_that_ran_other_kernels_are_never_unchanged(change, reason):
     assert all(row.reasons[0].startswith(f"kernels differ ({reason})") for row in comparison.rows)
     assert verdict_line(comparison).startswith(f"NOT COMPARABLE ({len(baseline.cases)} cases")
     assert comparison.matched == 0 and comparison.counts()["incomparable"] == len(baseline.cases)
+    assert comparison_json(comparison, baseline="a", current="b")["verdict"] == "not comparable"
     ab = compare_runs(baseline, current, allow_config_change=True)
     assert statuses(ab) == {"warning"} and not ab.failed
     assert all(f"A/B: kernels differ ({reason})" in row.reasons for row in ab.rows)
