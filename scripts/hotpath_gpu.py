@@ -127,16 +127,19 @@ def time_steps(step, sync) -> tuple[float, float]:
 
 def launch_costs(dev: torch.device) -> str:
     """Host microseconds per call, median of 5 runs of 2000 calls each."""
-    from swa_bench.kernels import silu_mul
+    from swa_bench.engine.config import kernel_settings_from_environment, resolve_kernels
+    from swa_bench.kernels import KernelSettings, silu_mul
 
     x = torch.zeros(1, device=dev)
     a, w = torch.randn(104, 256, device=dev), torch.randn(256, 256, device=dev)
     h = torch.randn(1, 64, device=dev)
-    costs, saved = [], os.environ.get("SWA_BENCH_TRITON_LAUNCH")
-    calls = ((lambda: x.add_(1), "direct"), (lambda: torch.nn.functional.linear(a, w), "direct"),
-             (lambda: silu_mul(h), "direct"), (lambda: silu_mul(h), "triton"))
-    for fn, mode in calls:
-        os.environ["SWA_BENCH_TRITON_LAUNCH"] = saved or mode  # a fallback's "triton" stays
+    fallback = kernel_settings_from_environment().launch == "triton"  # a fallback's "triton" stays
+    direct, own = (resolve_kernels(KernelSettings("triton", launch=mode), dev.type)
+                   for mode in ("triton" if fallback else "direct", "triton"))
+    costs = []
+    calls = (lambda: x.add_(1), lambda: torch.nn.functional.linear(a, w),
+             lambda: silu_mul(direct, h), lambda: silu_mul(own, h))
+    for fn in calls:
         for _ in range(50):
             fn()
         runs = []
@@ -147,8 +150,6 @@ def launch_costs(dev: torch.device) -> str:
                 fn()
             runs.append(1e6 * (time.perf_counter() - start) / 2000)
         costs.append(statistics.median(runs))
-    if saved is None:
-        os.environ.pop("SWA_BENCH_TRITON_LAUNCH")
     return ("  host cost of one call: add {:.1f} us, linear 104x256x256 {:.1f} us, "
             "Triton launch (silu_mul) {:.1f} us direct, {:.1f} us on Triton's path"
             .format(*costs))

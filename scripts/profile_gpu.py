@@ -71,7 +71,7 @@ def main() -> None:
             torch.cuda.synchronize()
             walls.append(1e3 * (time.perf_counter() - start))
         wall = sorted(walls)[1]
-        flops = step_flops(args, requests, result.plan.kept_lens, dev)["total"]
+        flops = step_flops(args, requests, result.plan.kept_lens, dev, engine.kernels)["total"]
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             step()
             torch.cuda.synchronize()

@@ -167,12 +167,13 @@ def _load_all(paths: list[Path], max_cases: int = MAX_CASES
 
 
 def _check_environment() -> None:
-    """Exit 2 with one line on a malformed ``SWA_BENCH_*`` kernel setting, before anything
-    runs (it would otherwise fail every case)."""
-    from swa_bench.kernels.config import check_environment
+    """Exit 2 with one line on a malformed ``SWA_BENCH_*`` kernel setting (the default of a
+    scenario's ``kernels:`` section), before anything runs (it would otherwise fail every
+    case)."""
+    from swa_bench.engine.config import kernel_settings_from_environment
 
     try:
-        check_environment()
+        kernel_settings_from_environment()
     except ValueError as err:
         _say_error(f"environment: {err}")
         raise typer.Exit(2) from None
@@ -461,23 +462,30 @@ def compare(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the comparison as JSON on stdout.")
     ] = False,
+    allow_config_change: Annotated[
+        bool, typer.Option("--allow-config-change",
+                           help="Compare cases that ran other kernels as an A/B (warned about) "
+                                "instead of failing on them.")
+    ] = False,
 ) -> None:
     """Compare a run with a baseline; exit 1 on a regression.
 
     A regression is a check that now fails, a changed deterministic figure (FLOPs, kept rows), a
     median slowdown beyond --max-slowdown, or a timing that is not a finite number. Missing and
-    new cases are reported; two runs with no case in common fail (nothing was compared). With
-    GITHUB_STEP_SUMMARY set, the markdown table is appended there.
+    new cases are reported; two runs with no case in common fail (nothing was compared). Cases
+    that ran other kernels (backend, tile, launch mode) are not comparable and fail, unless
+    --allow-config-change accepts them as an A/B comparison. With GITHUB_STEP_SUMMARY set, the
+    markdown table is appended there.
 
-    Exit codes: 0 no regression; 1 a regression, or nothing compared; 2 bad input (one line on
-    stderr).
+    Exit codes: 0 no regression; 1 a regression, cases that ran other kernels, or nothing
+    compared; 2 bad input (one line on stderr).
     """
     from swa_bench.run.compare import compare_command
 
     try:
         code = compare_command(baseline, current, max_slowdown=max_slowdown, out=out,
                                gate_timing=not no_timing, console=_plain_console(),
-                               as_json=as_json)
+                               as_json=as_json, allow_config_change=allow_config_change)
     except _user_errors() as err:
         _say_error(str(err))
         raise typer.Exit(2) from None

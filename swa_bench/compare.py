@@ -5,6 +5,9 @@ their index, so reordering a sweep or adding cases keeps the matches. Timing onl
 slowdown is both statistically significant (one-sided Mann-Whitney U, current > baseline) and larger
 than `max_slowdown`: significance alone flags microsecond noise on quiet machines, size alone flags
 noise on busy ones. Deterministic figures (kept rows, captured graphs, FLOPs) must match exactly.
+A pair of cases that ran other kernels (backend, tile, launch mode: ``CaseResult.kernels``) did not
+measure the same thing: it is "incomparable" and fails the gate, unless the comparison is asked for
+as an A/B (``allow_config_change``), when it is compared and the difference is warned about.
 
 Pure: the comparison is data (verdicts, p-values, changes, reasons), rendered by
 ``report.comparison`` and ``report.console`` and gated by the command in ``run.compare``.
@@ -30,8 +33,9 @@ from swa_bench.results import (
     timed_paths,
 )
 
-RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning"]
-RunVerdict = Literal["regressed", "nothing compared", "ok"]
+RowStatus = Literal["improved", "regressed", "unchanged", "new", "missing", "warning",
+                    "incomparable"]
+RunVerdict = Literal["regressed", "not comparable", "nothing compared", "ok"]
 TimingVerdict = Literal["slower", "faster", "unchanged", "too few samples", "absent", "invalid"]
 ENVIRONMENT_GATE_KEYS = ("gpu", "torch", "cuda")
 CaseKey = tuple[str, int]  # what the case measures (case_key), and which repeat of it (1, 2...)
@@ -88,23 +92,31 @@ class Comparison:
         return any(row.status == "regressed" for row in self.rows)
 
     @property
+    def incomparable(self) -> int:
+        """Cases in both runs that ran other kernels, not accepted as an A/B comparison."""
+        return sum(row.status == "incomparable" for row in self.rows)
+
+    @property
     def matched(self) -> int:
         """Cases found in both runs: what was actually compared."""
-        return sum(row.status not in ("new", "missing") for row in self.rows)
+        return sum(row.status not in ("new", "missing", "incomparable") for row in self.rows)
 
     @property
     def failed(self) -> bool:
-        """The gate fails on a regression, and when nothing was compared at all."""
-        return self.regressed or self.matched == 0
+        """The gate fails on a regression, on cases that ran other kernels, and when nothing was
+        compared at all."""
+        return self.regressed or self.incomparable > 0 or self.matched == 0
 
     @property
     def verdict(self) -> RunVerdict:
-        return "regressed" if self.regressed else "nothing compared" if self.failed else "ok"
+        return ("regressed" if self.regressed else "not comparable" if self.incomparable
+                else "nothing compared" if self.failed else "ok")
 
     def counts(self) -> dict[str, int]:
         tally = Counter(row.status for row in self.rows)
         return {status: tally.get(status, 0) for status in
-                ("regressed", "improved", "warning", "unchanged", "new", "missing")}
+                ("regressed", "incomparable", "improved", "warning", "unchanged", "new",
+                 "missing")}
 
 
 def case_key(case: CaseResult) -> str:
@@ -123,6 +135,15 @@ def _keyed(results: RunResults) -> dict[CaseKey, CaseResult]:
         seen[key] += 1
         keyed[key, seen[key]] = case
     return keyed
+
+
+def kernel_differences(baseline: CaseResult, current: CaseResult) -> list[str]:
+    """What differs between the kernels two cases ran (``backend torch -> triton``); none when
+    they agree or a side did not record them (a results file from before they were recorded)."""
+    if baseline.kernels is None or current.kernels is None:
+        return []
+    before, after = baseline.kernels.model_dump(), current.kernels.model_dump()
+    return [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
 
 
 def environment_differences(baseline: RunResults, current: RunResults) -> list[str]:
@@ -196,11 +217,17 @@ def _exact_differences(name: str, baseline: dict[str, int], current: dict[str, i
 
 def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
                  timing_gate: str | None, max_slowdown: float, alpha: float,
-                 min_samples: int) -> ComparisonRow:
-    """`timing_gate` is None when timing may regress, else why it may not (reported instead)."""
+                 min_samples: int, allow_config_change: bool = False) -> ComparisonRow:
+    """`timing_gate` is None when timing may regress, else why it may not (reported instead).
+    Cases that ran other kernels are "incomparable", or with `allow_config_change` compared as
+    an A/B: timing gated, the kernels' difference and changed deterministic figures warned
+    about. Either way the kernels' difference is named."""
     regressions: list[str] = []
     improvements: list[str] = []
     warnings: list[str] = []
+    kernels = kernel_differences(baseline, current)
+    if kernels and allow_config_change:
+        warnings.append("A/B: kernels differ (" + ", ".join(kernels) + ")")
 
     if current.status == "error" and baseline.status != "error":
         regressions.append(f"case now raises: {' '.join((current.error or '').split())}")
@@ -229,7 +256,10 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
     for name in ("deterministic", "flops"):
         changed, one_sided = _exact_differences(name, getattr(baseline, name),
                                                 getattr(current, name))
-        regressions += changed
+        # Other kernels count other FLOPs (a kernel's formula is not the PyTorch path's): in an
+        # A/B comparison a changed figure is reported, not a regression.
+        regressions += [] if kernels else changed
+        warnings += [f"{c} [other kernels]" for c in changed] if kernels else []
         warnings += one_sided
 
     timings = []
@@ -254,12 +284,17 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
 
     status: RowStatus = ("regressed" if regressions else "warning" if warnings
                          else "improved" if improvements else "unchanged")
-    return ComparisonRow(key, current.label, status,
-                         tuple(regressions + warnings + improvements), tuple(timings))
+    reasons = regressions + warnings + improvements
+    if kernels and not allow_config_change:
+        status = "incomparable"
+        reasons.insert(0, "kernels differ (" + ", ".join(kernels) + "): not the same measurement "
+                       "(--allow-config-change compares them as an A/B)")
+    return ComparisonRow(key, current.label, status, tuple(reasons), tuple(timings))
 
 
 def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: float = 0.05,
-                 alpha: float = 0.01, min_samples: int = 5, gate_timing: bool = True) -> Comparison:
+                 alpha: float = 0.01, min_samples: int = 5, gate_timing: bool = True,
+                 allow_config_change: bool = False) -> Comparison:
     """Match cases and classify each; pure. Missing cases are reported but never regress."""
     env_diffs = environment_differences(baseline, current)
     run_warnings = []
@@ -282,7 +317,8 @@ def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: flo
         else:
             rows.append(compare_case(key, before, case, timing_gate=timing_gate,
                                      max_slowdown=max_slowdown, alpha=alpha,
-                                     min_samples=min_samples))
+                                     min_samples=min_samples,
+                                     allow_config_change=allow_config_change))
     for key, case in baseline_cases.items():
         if key not in current_cases:
             rows.append(ComparisonRow(key, case.label, "missing", ("in baseline only",)))

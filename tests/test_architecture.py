@@ -1,9 +1,12 @@
-"""The package's shape: imports point one way, no modules import each other (lazily or not), and
-the model loads no benchmark machinery.
+"""The package's shape: imports point one way, no modules import each other (lazily or not), the
+model loads no benchmark machinery, and nothing below the engine reads the environment.
 
 kernels <- model (and the task data) <- replay <- runtime (graphs, engine, parallel, training)
 <- checks, bench (and the data they produce: results, scenarios) <- compare (pure statistics)
 <- reports (rendering, compare's included) <- run orchestration (every command body) <- cli.
+Settings the environment gives (the kernels' ``SWA_BENCH_*`` defaults, Triton's interpreter
+switch) are read at the engine or above and reach the layers below as values (``Kernels`` in the
+forward context), so a run records what it ran.
 """
 
 import ast
@@ -199,3 +202,46 @@ def test_the_cycle_check_sees_a_lazy_cycle(tmp_path):
     (package / "e.py").write_text("from pkg import C\n")
     assert import_cycles(module_graph(package)) == [["pkg", "pkg.c", "pkg.d", "pkg.e", "pkg"],
                                                     ["pkg.a", "pkg.b", "pkg.a"]]
+
+
+# Layers that take their settings as values: none of them reads the process environment.
+BELOW_ENGINE = ("swa_bench.kernels", "swa_bench.model", "swa_bench.tasks", "swa_bench.replay")
+ENVIRONMENT = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Each place ``path`` touches the process environment: ``os.environ`` / ``os.getenv`` /
+    ``os.putenv`` (under any name ``os`` is imported as), or those names imported from os."""
+    tree = ast.parse(path.read_text())
+    aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name == "os"}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT
+                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [(node.lineno, f"from os import {a.name}") for a in node.names
+                      if a.name in ENVIRONMENT or a.name == "*"]
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_nothing_below_the_engine_reads_the_environment():
+    reads = [f"{module_name(path)}:{where}" for path in sorted(ROOT.rglob("*.py"))
+             if module_name(path).startswith(BELOW_ENGINE) for where in environment_reads(path)]
+    assert reads == []
+
+
+def test_the_environment_check_sees_every_spelling(tmp_path):
+    """The checker itself: each way of reading the environment is reported, plain ``os`` use
+    is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nimport os as system\nfrom os import environ, getenv, sep\n"
+                   "a = os.environ.get('X')\nb = os.getenv('X')\nos.putenv('X', '1')\n"
+                   "c = system.environ['X']\nd = os.path.join('a', 'b')\n")
+    assert environment_reads(bad) == ["3: from os import environ", "3: from os import getenv",
+                                      "4: os.environ", "5: os.getenv", "6: os.putenv",
+                                      "7: system.environ"]
+    good = tmp_path / "good.py"
+    good.write_text("import os\nd = os.sep + os.path.join('a', 'b')\n")
+    assert environment_reads(good) == []

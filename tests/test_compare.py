@@ -6,7 +6,8 @@ import math
 import pytest
 
 from swa_bench.compare import case_key, compare_runs
-from tests.report.synthetic import clean_run
+from swa_bench.report.comparison import comparison_json, verdict_line
+from tests.report.synthetic import clean_run, with_kernels
 
 
 def statuses(comparison) -> set[str]:
@@ -108,6 +109,32 @@ def test_flop_or_deterministic_change_regresses():
     assert any(r.startswith("flops.replay ") for r in regressed[baseline.cases[2].label])
     assert any(r.startswith("deterministic.kept_rows ") and r.endswith("-> 999")
                for r in regressed[baseline.cases[4].label])
+
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"backend": "torch"}, "backend triton -> torch"),
+    ({"tile": "64,0,8,2"}, "tile auto -> 64,0,8,2"),
+    ({"launch": "triton", "interpret": False}, "launch direct -> triton, interpret True -> False"),
+])
+def test_cases_that_ran_other_kernels_are_never_unchanged(change, reason):
+    """Same figures, other kernels: every case is incomparable and named so, the verdict says it
+    and the gate fails; asked for as an A/B, the cases are compared and the change warned about.
+    Agreeing records, or a side that recorded none (an older file), compare as before."""
+    baseline = with_kernels(clean_run())
+    current = with_kernels(baseline, **change)
+    comparison = compare_runs(baseline, current)
+    assert statuses(comparison) == {"incomparable"} and comparison.failed
+    assert all(row.reasons[0].startswith(f"kernels differ ({reason})") for row in comparison.rows)
+    assert verdict_line(comparison).startswith(f"NOT COMPARABLE ({len(baseline.cases)} cases")
+    assert comparison.matched == 0 and comparison.counts()["incomparable"] == len(baseline.cases)
+    assert comparison_json(comparison, baseline="a", current="b")["verdict"] == "not comparable"
+    ab = compare_runs(baseline, current, allow_config_change=True)
+    assert statuses(ab) == {"warning"} and not ab.failed
+    assert all(f"A/B: kernels differ ({reason})" in row.reasons for row in ab.rows)
+    assert statuses(compare_runs(baseline, baseline.model_copy(deep=True))) == {"unchanged"}
+    assert statuses(compare_runs(clean_run(), current)) == {"unchanged"}
+
 
 
 def test_a_newly_recorded_figure_only_warns():

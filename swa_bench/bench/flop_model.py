@@ -9,7 +9,8 @@ grouped GEMMs of the routed experts). Counted as the code runs them:
   global position up to its chunk's last one (dense, chunked as ``varlen_attention`` chunks);
 * the indexer scores each row of an index source against the keys up to its chunk's last
   position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head; the
-  fused kernel (Triton backend) against the keys up to its row block's last visible one;
+  fused kernel (the ``kernels`` counted for: Triton's) against the keys up to its row block's
+  last visible one;
 * the MoE runs the gate, the k routed experts of each row and the shared experts.
 
 Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import attention_backend, index_score_flops
+from swa_bench.kernels import TORCH_KERNELS, Kernels, index_score_flops
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import varlen_chunk_rows
 from swa_bench.model.requests import RequestSpec
@@ -65,17 +66,19 @@ def attention_core_flops(
 
 
 def indexer_flops(
-    args: ModelArgs, layer: int, rows: QueryRows, device: torch.device | str = "cpu"
+    args: ModelArgs, layer: int, rows: QueryRows, device: torch.device | str = "cpu",
+    kernels: Kernels = TORCH_KERNELS,
 ) -> int:
     """An index source's scoring of one request's rows: its query and weight projections, then
-    ``q . k`` in every index head (2 d) and the weighted head sum (2) per visible-chunk key."""
+    ``q . k`` in every index head (2 d) and the weighted head sum (2) per visible-chunk key, as
+    ``kernels`` score them."""
     if args.index_source_for(layer) != layer:
         return 0
     heads, d = args.index_n_heads, args.index_head_dim
     ratio = args.compress_ratio_for(layer)
     projections = rows.q_len * (2 * args.q_lora_rank * heads * d + 2 * args.dim * heads)
     n_keys = rows.seq_len // ratio
-    fused = attention_backend(device) == "triton"
+    fused = kernels.triton
     total = 0
     for c, last in chunks(rows, index_chunk_rows(n_keys, heads, device, fused)):
         if fused:
@@ -123,9 +126,10 @@ def step_flops(
     requests: Sequence[RequestSpec],
     kept_lens: Sequence[int],
     device: torch.device | str = "cpu",
+    kernels: Kernels = TORCH_KERNELS,
 ) -> dict[str, int]:
-    """FLOPs of an eager step by part (and ``total``); ``kept_lens`` are the plan's (each request's
-    query length when the decoder runs on the whole batch)."""
+    """FLOPs of an eager step by part (and ``total``) on ``kernels``; ``kept_lens`` are the plan's
+    (each request's query length when the decoder runs on the whole batch)."""
     s = args.last_kv_source
     whole = [QueryRows(r.context_len, r.query_len, r.seq_len) for r in requests]
     kept = [QueryRows(r.seq_len - k, k, r.seq_len)
@@ -138,7 +142,7 @@ def step_flops(
         parts["projections"] += attention_projection_flops(args, n)
         parts["projections"] += kv_write_flops(args, layer, num_all if layer <= s else n)
         parts["attention"] += sum(attention_core_flops(args, layer, r, device) for r in rows)
-        parts["indexer"] += sum(indexer_flops(args, layer, r, device) for r in rows)
+        parts["indexer"] += sum(indexer_flops(args, layer, r, device, kernels) for r in rows)
         parts["moe"] += moe_flops(args, n)
         # Layer S's attention mHC runs on every row (its input feeds the KV write).
         parts["hc"] += hyper_connection_flops(args, num_all if layer <= s else n)

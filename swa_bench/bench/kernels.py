@@ -2,7 +2,9 @@
 
 Every problem runs through the model's attention functions (the same metadata and caches a step
 uses), once with the PyTorch path and once with the Triton kernel, and both are credited the same
-FLOPs: the matmul work a row's visible keys need (``mqa_attention_flops``). The roofline of a
+FLOPs: the matmul work a row's visible keys need (``mqa_attention_flops``). Each path is an
+explicit ``Kernels`` value (backend, tile; launch mode and interpreter from the environment's
+defaults) put in the forward context the problem runs under. The roofline of a
 problem is the larger of its FLOPs at the measured GEMM rate and its minimum bytes (queries,
 outputs, index lists, and the keys: once for dense sources, once per row and key when gathered)
 at the measured copy bandwidth.
@@ -19,12 +21,14 @@ import torch
 
 from swa_bench.bench.roofline import gemm_tflops
 from swa_bench.bench.timing import time_fn
-from swa_bench.kernels import TileConfig, attention_backend, mqa_attention_flops
-from swa_bench.kernels.config import TILE_CANDIDATES, forced
+from swa_bench.engine.config import kernel_settings_from_environment, resolve_kernels
+from swa_bench.kernels import Kernels, KernelSettings, TileConfig, mqa_attention_flops
+from swa_bench.kernels.config import TILE_CANDIDATES
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, causal_key_total, varlen_attention
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, make_metadata
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import ForwardContext, set_forward_context
 from swa_bench.model.sparse_attention import sparse_varlen_attention
 
 PROBLEMS = ("window", "compressed", "dense", "sparse")
@@ -68,10 +72,18 @@ def measure_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
 @dataclass
 class Problem:
     name: str
-    run: Callable[[], torch.Tensor]
+    run: Callable[[], torch.Tensor]  # under ``context(kernels)``: layers read their kernels there
     flops: int
     bytes: int
     keys_per_row: float
+    meta: AttentionMetadata
+    cache: KVCache
+
+    def context(self, kernels: Kernels) -> ForwardContext:
+        """The forward context the problem's attention runs under on ``kernels``."""
+        return ForwardContext(attn_metadata=self.meta,
+                              logits_indices=self.meta.positions.new_zeros(0),
+                              cache=self.cache, kernels=kernels)
 
 
 def resident_bytes(args: ModelArgs, tokens: int, dtype: torch.dtype,
@@ -137,6 +149,8 @@ def problems(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dt
                 mqa_attention_flops(tokens, h, d, keys),
                 qo_bytes + tokens * keys * (d * elt + 8),
                 keys,
+                meta,
+                cache,
             ))
             continue
         ratio = {"window": 0, "compressed": args.compress_ratio, "dense": 1}[name]
@@ -149,6 +163,8 @@ def problems(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dt
             mqa_attention_flops(tokens, h, d, w, causal),
             qo_bytes + index_bytes + key_rows * d * elt,
             w + causal / tokens,
+            meta,
+            cache,
         ))
     return out
 
@@ -177,10 +193,10 @@ def bench_kernels(
         for problem in problems(args, t, device, dtype, names):
             for backend in runnable:
                 for tile in (tiles or (None,)) if backend == "triton" else (None,):
-                    with forced(backend, tile):
-                        causal = problem.name in CAUSAL_RANGE_PROBLEMS
-                        label = ((tile or _current_tile(causal, dtype)).label()
-                                 if backend == "triton" else "-")
+                    kernels = path_kernels(device, backend, tile)
+                    causal = problem.name in CAUSAL_RANGE_PROBLEMS
+                    label = kernels.tile_for(causal, dtype).label() if kernels.triton else "-"
+                    with set_forward_context(problem.context(kernels)):
                         try:
                             stats = time_fn(problem.run, device=device, warmup=warmup,
                                             iters=iters)
@@ -201,18 +217,20 @@ def bench_kernels(
 CAUSAL_RANGE_PROBLEMS = ("dense", "compressed")
 
 
-def _current_tile(causal_range: bool, dtype: torch.dtype) -> TileConfig:
-    from swa_bench.kernels import tile_config
-
-    return tile_config(causal_range, dtype)
+def path_kernels(device: torch.device, backend: str, tile: TileConfig | None) -> Kernels:
+    """The kernels one timed path runs on: ``backend`` with ``tile`` (None: the environment's
+    tile, else the measured defaults), the environment's launch mode and interpreter."""
+    default = kernel_settings_from_environment()
+    settings = KernelSettings(backend, tile or default.tile, default.launch)
+    return resolve_kernels(settings, device.type)
 
 
 def _can_run_triton(device: torch.device) -> bool:
     try:
-        with forced("triton"):
-            return attention_backend(device) == "triton"
+        path_kernels(device, "triton", None)
     except ValueError:
         return False
+    return True
 
 
 def _timing(problem: Problem, backend: str, tile: str, tokens: int, ms: float,

@@ -14,6 +14,7 @@ from swa_bench.checks.comparison import Tolerance, check_result, compare, envelo
 from swa_bench.checks.equivalence import _last_rows, _last_tokens, decode, engines
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
 from swa_bench.results import Approximation, CheckResult
 
@@ -23,13 +24,14 @@ def approximation(
     workload: StepInputs,
     *,
     continuation_steps: int,
+    kernels: KernelSettings,
     halo_align: int = 1,
     policy: str = "bounded",
 ) -> Approximation:
-    """Replay under ``policy`` (the case's) against the full prefill: last-token logits, window
-    KV per decoder layer (error vs depth), and greedy continuations over ``continuation_steps``
-    decode steps."""
-    return measure(model, workload, continuation_steps=continuation_steps,
+    """Replay under ``policy`` (the case's) against the full prefill, both on ``kernels``:
+    last-token logits, window KV per decoder layer (error vs depth), and greedy continuations
+    over ``continuation_steps`` decode steps."""
+    return measure(model, workload, continuation_steps=continuation_steps, kernels=kernels,
                    halo_align=halo_align, policy=policy)[0]
 
 
@@ -38,6 +40,7 @@ def measure(
     workload: StepInputs,
     *,
     continuation_steps: int,
+    kernels: KernelSettings,
     halo_align: int = 1,
     policy: str = "bounded",
 ) -> tuple[Approximation, CheckResult]:
@@ -45,8 +48,8 @@ def measure(
     bounded, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align),
-        EngineConfig(policy="full"),
+        EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels),
+        EngineConfig(policy="full", kernels=kernels),
     )
     idx = workload.cache_indices
     out = bounded.step(workload.requests, workload.step_tokens, idx)
@@ -85,7 +88,8 @@ def measure(
 
 
 def check_first_decoder_kv(
-    model: Transformer, workload: StepInputs, *, halo_align: int = 1, policy: str = "bounded"
+    model: Transformer, workload: StepInputs, *, kernels: KernelSettings, halo_align: int = 1,
+    policy: str = "bounded",
 ) -> CheckResult:
     """SPEC section 2's argument, asserted: under any policy, decoder layer S+1's window KV of
     every request that keeps rows equals the full prefill's (layer S's outputs at kept rows are
@@ -94,8 +98,8 @@ def check_first_decoder_kv(
     replay, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align),
-        EngineConfig(policy="full"),
+        EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels),
+        EngineConfig(policy="full", kernels=kernels),
     )
     idx = workload.cache_indices
     replay.step(workload.requests, workload.step_tokens, idx)

@@ -30,6 +30,7 @@ from swa_bench.checks.selection import SelectionComparison, compare_selections
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs, decode_requests
+from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
 from swa_bench.results import CheckResult, Diagnostic
@@ -137,8 +138,8 @@ def reset(engine: Engine) -> None:
 
 
 def twin_of(engine: Engine) -> Engine:
-    """An eager engine on the same model with a copy of ``engine``'s caches."""
-    twin = Engine(engine.model, EngineConfig(policy="full"))
+    """An eager engine on the same model, kernels and a copy of ``engine``'s caches."""
+    twin = Engine(engine.model, EngineConfig(policy="full", kernels=engine.config.kernels))
     twin.cache.copy_from(engine.cache)
     return twin
 
@@ -346,7 +347,8 @@ def check_e3(
                            message="eager case: no graph to compare (nothing compared)")
     with check_precision():
         graph = engine if engine is not None else Engine(model, config)
-        eager = Engine(model, EngineConfig(policy=config.policy, halo_align=config.halo_align))
+        eager = Engine(model, EngineConfig(policy=config.policy, halo_align=config.halo_align,
+                                           kernels=config.kernels))
         workload.fill_context(eager)
         graph.cache.copy_from(eager.cache)
         diags, sizes = [], []
@@ -374,9 +376,11 @@ def check_e3(
     return check_result("E3", f"{config.graph_mode} replay == eager", diags, None, note)
 
 
-def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> CheckResult:
+def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
+             kernels: KernelSettings) -> CheckResult:
     """The reference is right: a prefill == the same tokens decoded one by one; chunked prefill
-    (chunks below, at and above W) == one prefill. On the workload's longest prompt, capped.
+    (chunks below, at and above W) == one prefill, all on ``kernels``. On the workload's longest
+    prompt, capped.
 
     A prefill and a decode are two batch compositions of one function (GEMMs of 49 rows and of
     one need not round alike), so each tensor is judged within ``tol`` widened to the envelope
@@ -391,11 +395,11 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> Che
     seq = list(
         StepInputs.seeded([RequestSpec(prompt_len=length)], model.args.vocab_size, 7).sequences[0]
     )
-    whole = Engine(model, EngineConfig(policy="full"))
+    whole = Engine(model, EngineConfig(policy="full", kernels=kernels))
     prefill = whole.reference_step(
         [RequestSpec(prompt_len=length, prompt_logprobs=True)], [seq], [0]
     )
-    decode = Engine(model, EngineConfig(policy="full"))
+    decode = Engine(model, EngineConfig(policy="full", kernels=kernels))
     rows = []
     for pos in range(length):
         req = RequestSpec(prompt_len=pos, decode=True) if pos else RequestSpec(prompt_len=1)
@@ -405,7 +409,7 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance) -> Che
                      _widened(tol, decoded, dtype))]
     diags += _caches("prefill_vs_decode.cache.", whole, decode, tol, dtype)
     for chunk in sorted({max(1, w - 1), w, w + 1}):
-        chunked = Engine(model, EngineConfig(policy="full"))
+        chunked = Engine(model, EngineConfig(policy="full", kernels=kernels))
         rows = []
         for start in range(0, length, chunk):
             req = RequestSpec(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
 from swa_bench.model.cache import KVCache
@@ -214,11 +215,12 @@ def _kept_layouts(step: StepBatch, exp: Expected) -> list[RequestLayout]:
 
 
 def kept_row_context(
-    step: StepBatch, exp: Expected, args: ModelArgs, cache: KVCache
+    step: StepBatch, exp: Expected, args: ModelArgs, cache: KVCache, kernels: Kernels
 ) -> ForwardContext:
     """The context the rest of S and the decoder run under on the kept rows: decoder layers see
     the kept rows as their keys, window starts at the kept starts; layer S's queries are the kept
-    rows but its keys are every batch row (it wrote KV for all), window starts at the batch's."""
+    rows but its keys are every batch row (it wrote KV for all), window starts at the batch's.
+    On ``kernels``, the engine's, as its replay batch runs."""
     kept = _kept_layouts(step, exp)
     n = len(exp.rows)
     device = step.input_ids.device
@@ -234,6 +236,7 @@ def kept_row_context(
         attn_metadata=decoder,
         logits_indices=torch.zeros(0, dtype=torch.long, device=device),
         cache=cache,
+        kernels=kernels,
         layer_metadata={args.last_kv_source: s_meta},
     )
 
@@ -274,19 +277,21 @@ def oracle_forward(
     expected: Expected,
 ) -> OracleOutput:
     """The step on ``engine``'s model and cache as ``expected`` says it runs: eagerly at its
-    padded shape and attention backend (a graph replays exactly these kernels), with the oracle's
-    kept rows and window starts. Only the model's packing (``Engine.prepare``) is shared."""
+    padded shape, attention backend and kernels (a graph replays exactly these kernels), with the
+    oracle's kept rows and window starts. Only the model's packing (``Engine.prepare``) is
+    shared."""
     step = engine.prepare(requests, tokens, cache_indices, pad_to=expected.graph_size)
     kept = kept_ctx = None
     if expected.replays:
         rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
-        kept_ctx = kept_row_context(step, expected, engine.args, engine.cache)
+        kept_ctx = kept_row_context(step, expected, engine.args, engine.cache, engine.kernels)
         kept_ctx.index_queries = {}
         kept = KeptRows(rows, kept_ctx)
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
         cache=engine.cache,
+        kernels=engine.kernels,
         attention_backend=expected.backend,
         replay_batch=kept,
     )

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import decode_requests
+from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
 from swa_bench.results import CheckResult, HeldOutLoss, TaskCell, TaskResults
@@ -105,10 +106,12 @@ def _held_out(engine: Engine, length: int, settings: TaskSettings) -> HeldOutLos
 
 
 def run_tasks(model: Transformer, policy: str, settings: TaskSettings, *, model_name: str,
-              reference: TaskRun | None = None, halo_align: int = 1) -> TaskRun:
-    """Every task cell and the held-out loss under ``policy`` (eager engine). ``reference`` (the
-    full prefill's run) gives each cell's agreement; without it a run is its own reference."""
-    engine = Engine(model, EngineConfig(policy=policy, halo_align=halo_align))
+              kernels: KernelSettings, reference: TaskRun | None = None,
+              halo_align: int = 1) -> TaskRun:
+    """Every task cell and the held-out loss under ``policy`` (eager engine on ``kernels``).
+    ``reference`` (the full prefill's run) gives each cell's agreement; without it a run is its
+    own reference."""
+    engine = Engine(model, EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels))
     cells, predictions = [], {}
     for key, prompts in _prompt_sets(settings, model.args.window):
         logits = _prefill(engine, [p.tokens for p in prompts])

@@ -1,20 +1,51 @@
 """How an engine runs steps: the replay policy, the graph mode and their thresholds.
 
 One frozen value per configuration: the runner caches engines by it and the checks build engines
-from it, so a configuration is spelled once.
+from it, so a configuration is spelled once. Which kernels run is part of it (``kernels``); the
+``SWA_BENCH_*`` environment variables are only that setting's default, read here and nowhere
+below the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from swa_bench.graphs.capture_sizes import check_capture_sizes, default_capture_sizes
+from swa_bench.kernels.config import Kernels, KernelSettings
 from swa_bench.replay.row_selection import Policy
 
 GraphMode = Literal["eager", "piecewise", "full"]
 GRAPH_MODES: tuple[GraphMode, ...] = ("eager", "piecewise", "full")
+
+# Where each kernel setting's default is read from: the A/B switches of a shell.
+KERNEL_VARIABLES = {"backend": "SWA_BENCH_KERNELS", "tile": "SWA_BENCH_MQA_TILE",
+                    "launch": "SWA_BENCH_TRITON_LAUNCH"}
+
+
+def kernel_settings_from_environment(environ: Mapping[str, str] | None = None) -> KernelSettings:
+    """The kernel settings ``environ`` (default ``os.environ``) asks for: the default of a
+    scenario's ``kernels:`` section and of ``EngineConfig.kernels``. A malformed value is
+    refused in one line naming its variable."""
+    environ = os.environ if environ is None else environ
+    return KernelSettings.parse(**{f: environ.get(v, "") for f, v in KERNEL_VARIABLES.items()},
+                                names=KERNEL_VARIABLES)
+
+
+def triton_interpreting(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET``, Triton's own process-wide
+    switch): read once per engine and carried in its ``Kernels``."""
+    environ = os.environ if environ is None else environ
+    return environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_kernels(settings: KernelSettings, device_type: str) -> Kernels:
+    """``settings`` resolved for an engine on ``device_type``, under this process's interpreter
+    switch: what the engine binds, and what its cases record."""
+    return settings.resolve(device_type, triton_interpreting())
 
 
 @dataclass(frozen=True)
@@ -23,7 +54,8 @@ class EngineConfig:
     replay batch (None: W + 1, the smallest that can trim). ``eager_trim_threshold``: eager steps
     below this many tokens never replay. ``capture_sizes`` (None: vLLM's defaults up to
     ``max_capture_size``) are the padded sizes graphs are captured at. ``halo_align`` rounds the
-    halo up (vLLM #57281 uses 512: 2414 -> 2560)."""
+    halo up (vLLM #57281 uses 512: 2414 -> 2560). ``kernels``: which kernels run (the engine
+    resolves it for its device); unset, the environment's."""
 
     policy: Policy = "bounded"
     graph_mode: GraphMode = "eager"
@@ -32,6 +64,7 @@ class EngineConfig:
     capture_sizes: tuple[int, ...] | None = None
     max_capture_size: int = 512
     halo_align: int = 1
+    kernels: KernelSettings = field(default_factory=kernel_settings_from_environment)
 
     def resolved(self, window: int) -> EngineConfig:
         """Every default filled in and checked against the model's window."""
@@ -53,4 +86,5 @@ class EngineConfig:
             graph_mode=self.graph_mode,
             capture_sizes=self.capture_sizes,
             max_capture_size=self.max_capture_size,
+            kernels=self.kernels,
         )

@@ -8,7 +8,9 @@ different metadata.
 
 Many engines share one model; each owns its cache and binds it in every forward context it builds
 (and its graphs are captured under that context), so no engine computes on another's cache and
-nothing on the model changes between engines.
+nothing on the model changes between engines. Which kernels run is resolved once, at
+construction, for the engine's device (``Engine.kernels``) and carried in every forward context
+it builds the same way: its graphs capture them.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan, plan_step, policy_kept_lens
 from swa_bench.graphs.capture import CapturedGraphs
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
 from swa_bench.model.cache import KVCache
@@ -77,6 +80,7 @@ class Engine:
         self.args: ModelArgs = model.args
         self.config = (config or EngineConfig()).resolved(self.args.window)
         self.device = model.embed.weight.device
+        self.kernels: Kernels = resolve_kernels(self.config.kernels, self.device.type)
         dtype = model.embed.weight.dtype
         self.cache = KVCache(self.args, self.device, dtype)
         self.logit_slots = self.args.max_requests
@@ -130,12 +134,14 @@ class Engine:
         replay_batch = None
         if plan.replays:
             with region(timer, "prepare"):
-                replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache)
+                replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache,
+                                                  self.kernels)
         in_full_graph = plan.graph_size is not None and self.config.graph_mode == "full"
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
             cache=cache,
+            kernels=self.kernels,
             attention_backend="static" if in_full_graph else "varlen",
             replay_batch=replay_batch,
             timer=timer,
@@ -199,6 +205,7 @@ class Engine:
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
             cache=self.cache,
+            kernels=self.kernels,
             layer_metadata=dict(layer_metadata or {}),
             given_selection=dict(given_selection or {}),
             index_queries={} if record_index_queries else None,

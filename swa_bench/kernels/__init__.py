@@ -5,10 +5,17 @@ experts' elementwise steps, the attention latents' norms and RoPE, and the windo
 index in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
-tested against; ``attention_backend`` decides, in one place, which one runs.
+tested against; ``config.KernelSettings.resolve`` decides, once per engine, which one runs, and
+every wrapper takes the resolved ``Kernels`` it runs under.
 """
 
-from swa_bench.kernels.config import TileConfig, attention_backend, tile_config, triton_available
+from swa_bench.kernels.config import (
+    TORCH_KERNELS,
+    Kernels,
+    KernelSettings,
+    TileConfig,
+    triton_available,
+)
 from swa_bench.kernels.hyper_connection import (
     fused_hc,
     hc_gains,
@@ -33,9 +40,10 @@ from swa_bench.kernels.mqa import mqa_attention, mqa_attention_flops
 from swa_bench.kernels.rope import fused_rope, rope_
 from swa_bench.kernels.window_index import window_index_rows
 
-__all__ = ["TileConfig", "attention_backend", "expert_gemm", "fused_hc", "fused_latents",
+__all__ = ["TORCH_KERNELS", "KernelSettings", "Kernels", "TileConfig", "expert_gemm",
+           "fused_hc", "fused_latents",
            "fused_moe", "fused_rope", "gate_in_route", "hc_gains", "hc_gated_pre", "hc_post",
            "hc_post_gated_pre", "hc_pre", "hc_pre_folds_norm", "index_score_flops",
            "index_scores_fused", "moe_combine", "moe_route", "moe_sort", "mqa_attention",
-           "mqa_attention_flops", "norm_latents", "rope_", "silu_mul", "tile_config",
+           "mqa_attention_flops", "norm_latents", "rope_", "silu_mul",
            "triton_available", "window_index_rows"]

@@ -1,107 +1,31 @@
-"""Which attention implementation runs, decided in one place, the Triton kernel's tile sizes,
-and how compiled Triton kernels are launched.
+"""Which kernels run, as a value: what a user asks for (``KernelSettings``) and what an engine
+resolved it to for its device (``Kernels``, the ops table the model's call sites read).
 
-``SWA_BENCH_KERNELS=torch|triton`` overrides the choice (tests, A/B runs); by default the Triton
-kernels run on CUDA when Triton imports and the PyTorch path everywhere else (it is also the oracle
-the kernels are tested against). ``TRITON_INTERPRET=1`` lets ``triton`` run on CPU tensors.
+The choice is made once per engine (``KernelSettings.resolve``) and carried in the forward
+context; nothing below the engine reads the environment (``tests/test_architecture.py``). By
+default the Triton kernels run on CUDA when Triton imports and the PyTorch path everywhere else
+(it is also the oracle the kernels are tested against, and training's path: ``TORCH_KERNELS``).
+Triton's interpreter (``TRITON_INTERPRET``, a process-wide switch of Triton's own) lets
+``triton`` run on CPU tensors; the engine reads it once and it travels in ``Kernels.interpret``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import os
-from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 BACKENDS = ("torch", "triton")
+LAUNCH_MODES = ("direct", "triton")
 
 
 @functools.cache
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-_forced: dict[str, object] = {}
-
-
-@contextlib.contextmanager
-def forced(backend: str | None = None, tile: TileConfig | None = None) -> Iterator[None]:
-    """Runs the block with this backend and tile whatever the environment says (the kernel
-    benchmark times both paths, and each tile of a sweep, in one process)."""
-    saved = dict(_forced)
-    _forced.update({k: v for k, v in (("backend", backend), ("tile", tile)) if v is not None})
-    try:
-        yield
-    finally:
-        _forced.clear()
-        _forced.update(saved)
-
-
-def attention_backend(device: torch.device) -> str:
-    """``torch`` or ``triton`` for attention on ``device``; the override must be runnable. Asked
-    by every fused step of every layer: the decision itself is cached per setting."""
-    chosen = _forced.get("backend") or os.environ.get("SWA_BENCH_KERNELS", "")
-    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return _decide_backend(str(chosen), kind, interpreting())
-
-
-@functools.cache
-def _decide_backend(chosen: str, device_type: str, interpret: bool) -> str:
-    chosen = chosen.strip().lower()
-    if chosen and chosen not in BACKENDS:
-        raise ValueError(f"SWA_BENCH_KERNELS: must be one of {', '.join(BACKENDS)}, got {chosen!r}")
-    runnable = triton_available() and (device_type == "cuda" or interpret)
-    if chosen == "triton" and not runnable:
-        raise ValueError("SWA_BENCH_KERNELS: triton needs CUDA (or TRITON_INTERPRET=1) and the "
-                         "triton package")
-    if chosen:
-        return chosen
-    return "triton" if runnable and device_type == "cuda" else "torch"
-
-
-LAUNCH_MODES = ("direct", "triton")
-
-
-def launch_mode() -> str:
-    """How ``kernels.launch`` calls a compiled Triton kernel: ``direct`` (default) or through
-    Triton's own path (``SWA_BENCH_TRITON_LAUNCH=triton``, the A/B switch)."""
-    return _launch_mode(os.environ.get("SWA_BENCH_TRITON_LAUNCH", ""))
-
-
-@functools.cache
-def _launch_mode(text: str) -> str:
-    mode = text.strip().lower() or "direct"
-    if mode not in LAUNCH_MODES:
-        raise ValueError(f"SWA_BENCH_TRITON_LAUNCH: must be one of {', '.join(LAUNCH_MODES)}, "
-                         f"got {text!r}")
-    return mode
-
-
-def check_environment() -> None:
-    """Raises ``ValueError`` (one line naming the variable) for a malformed ``SWA_BENCH_*``
-    setting, so a command refuses it before anything runs instead of failing every case."""
-    chosen = os.environ.get("SWA_BENCH_KERNELS", "").strip().lower()
-    if chosen and chosen not in BACKENDS:
-        _decide_backend(chosen, "cpu", False)  # raises the backend decision's own message
-    _env_tile()
-    launch_mode()
-
-
-def inference_kernels(*tensors: torch.Tensor) -> bool:
-    """Whether the fused inference kernels (they have no backward) take these tensors: the Triton
-    backend is chosen for the first one's device and no gradient is wanted through any. The one
-    decision behind ``fused_hc``, ``fused_moe`` and ``fused_rope``."""
-    return attention_backend(tensors[0].device) == "triton" and not (
-        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def call_op(op, impl, *args):
@@ -111,22 +35,13 @@ def call_op(op, impl, *args):
     return op(*args) if _get_current_dispatch_mode() is not None else impl(*args)
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """A kernel's ``tl.dot`` precision: fp32 in full precision (the oracle's); bf16/fp16 on tensor
-    cores. The interpreter (CPU) computes in exact fp32 after rounding to the input dtype as the
-    GPU does (its bf16 dot is wrong)."""
-    if interpreting():
-        return "interpret"
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One launch configuration. Fixed per process: a row's reduction order follows ``block_n``,
+    """One launch configuration. Fixed per engine: a row's reduction order follows ``block_n``,
     so changing it between calls would break bitwise equality across batch shapes."""
 
     block_n: int = 32
@@ -135,15 +50,18 @@ class TileConfig:
     num_stages: int = 1
 
     @classmethod
-    def parse(cls, text: str) -> TileConfig:
-        """``"block_n,block_dv,num_warps,num_stages"`` (the ``SWA_BENCH_MQA_TILE`` format)."""
+    def parse(cls, text: str, name: str = "tile") -> TileConfig:
+        """``"block_n,block_dv,num_warps,num_stages"``; a malformed one is refused in one line
+        that starts with ``name`` (where the user wrote it: a variable; empty: no prefix, for a
+        caller that names the place itself)."""
+        prefix = f"{name}: " if name else ""
         try:
             values = [int(v) for v in text.split(",")]
             if len(values) != 4:
                 raise ValueError
             config = cls(*values)
         except ValueError:
-            raise ValueError(f"SWA_BENCH_MQA_TILE: expected 4 integers "
+            raise ValueError(f"{prefix}expected 4 integers "
                              f"'block_n,block_dv,num_warps,num_stages', got {text!r}") from None
         def power_of_two(n: int) -> bool:
             return n > 0 and not n & (n - 1)
@@ -155,10 +73,10 @@ class TileConfig:
                   "0 (the whole head) or a power of two >= 16"),
                  ("num_warps", config.num_warps in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16"),
                  ("num_stages", config.num_stages >= 1, ">= 1"))
-        for name, ok, what in rules:
+        for field, ok, what in rules:
             if not ok:
-                raise ValueError(f"SWA_BENCH_MQA_TILE: {name} must be {what}, "
-                                 f"got {getattr(config, name)}")
+                raise ValueError(f"{prefix}{field} must be {what}, "
+                                 f"got {getattr(config, field)}")
         return config
 
     def label(self) -> str:
@@ -198,19 +116,123 @@ GATHERED_TILE = TileConfig(64, 0, 8, 2)
 FP32_TILE = TileConfig(32, 0, 8, 1)
 
 
-def tile_config(causal_range: bool = False, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
-    """The tile of this process: forced, else ``SWA_BENCH_MQA_TILE``, else the measured default
-    for the kind of sources. fp32 keeps 32-key blocks in one stage: a 64-key block of 512-wide
-    fp32 keys and the 64 heads' queries need 272 KiB of shared memory, over the H200's 227 KiB."""
-    forced_tile = _forced.get("tile") or _env_tile()
-    if forced_tile is not None:
-        return forced_tile
+def default_tile(causal_range: bool, dtype: torch.dtype) -> TileConfig:
+    """The measured tile for the kind of sources. fp32 keeps 32-key blocks in one stage: a
+    64-key block of 512-wide fp32 keys and the 64 heads' queries need 272 KiB of shared memory,
+    over the H200's 227 KiB."""
     if dtype.itemsize > 2:
         return FP32_TILE
     return CAUSAL_RANGE_TILE if causal_range else GATHERED_TILE
 
 
-@functools.cache
-def _env_tile() -> TileConfig | None:
-    text = os.environ.get("SWA_BENCH_MQA_TILE", "").strip()
-    return TileConfig.parse(text) if text else None
+@dataclass(frozen=True)
+class KernelSettings:
+    """What a user asks for: ``backend`` auto (Triton on CUDA when it imports, else PyTorch),
+    torch or triton; ``tile`` the attention kernel's (None: the measured defaults per kind of
+    sources and dtype); ``launch`` how compiled Triton kernels are called (``direct``, or
+    ``triton``: Triton's own path, the A/B switch)."""
+
+    backend: str = "auto"
+    tile: TileConfig | None = None
+    launch: str = "direct"
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", *BACKENDS):
+            raise ValueError(f"backend: must be one of auto, {', '.join(BACKENDS)}, "
+                             f"got {self.backend!r}")
+        if self.launch not in LAUNCH_MODES:
+            raise ValueError(f"launch: must be one of {', '.join(LAUNCH_MODES)}, "
+                             f"got {self.launch!r}")
+
+    @classmethod
+    def parse(cls, backend: str = "", tile: str = "", launch: str = "", *,
+              names: Mapping[str, str] | None = None) -> KernelSettings:
+        """From text, blank fields at their defaults; a malformed field is refused in one line
+        that starts with its name (``names`` maps a field to where it was written)."""
+        names = {"backend": "backend", "tile": "tile", "launch": "launch", **(names or {})}
+        chosen = backend.strip().lower()
+        if chosen and chosen not in BACKENDS:
+            raise ValueError(f"{names['backend']}: must be one of {', '.join(BACKENDS)}, "
+                             f"got {chosen!r}")
+        mode = launch.strip().lower() or "direct"
+        if mode not in LAUNCH_MODES:
+            raise ValueError(f"{names['launch']}: must be one of {', '.join(LAUNCH_MODES)}, "
+                             f"got {launch!r}")
+        parsed = TileConfig.parse(tile.strip(), names["tile"]) if tile.strip() else None
+        return cls(chosen or "auto", parsed, mode)
+
+    def resolve(self, device_type: str, interpret: bool) -> Kernels:
+        """The kernels an engine on ``device_type`` runs; a triton backend must be runnable
+        there (CUDA, or Triton's interpreter, and the triton package)."""
+        runnable = triton_available() and (device_type == "cuda" or interpret)
+        if self.backend == "triton" and not runnable:
+            raise ValueError("kernels: backend triton needs CUDA (or TRITON_INTERPRET=1) and the "
+                             "triton package")
+        if self.backend == "auto":
+            backend = "triton" if runnable and device_type == "cuda" else "torch"
+        else:
+            backend = self.backend
+        return Kernels(backend, self.tile, self.launch, interpret)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The resolved choice, bound once per engine and read by every fused call site through the
+    forward context: which implementation runs, the attention tile, the launch path, and
+    whether Triton interprets (CPU tensors; its dot precision then differs)."""
+
+    backend: str = "torch"
+    tile: TileConfig | None = None
+    launch: str = "direct"
+    interpret: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS or self.launch not in LAUNCH_MODES:
+            raise ValueError(f"Kernels: backend {self.backend!r} or launch {self.launch!r} "
+                             f"is not one of {BACKENDS} / {LAUNCH_MODES}")
+
+    @property
+    def triton(self) -> bool:
+        return self.backend == "triton"
+
+    def inference(self, *tensors: torch.Tensor) -> bool:
+        """Whether the fused inference kernels (they have no backward) take these tensors: the
+        Triton backend and no gradient wanted through any. The one decision behind
+        ``fused_hc``, ``fused_moe``, ``fused_rope`` and ``fused_latents``."""
+        return self.triton and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+    def tile_for(self, causal_range: bool = False,
+                 dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+        """The attention kernel's tile: the chosen one, else the measured default for the kind
+        of sources and the dtype (never the batch's shape: a row's reduction order stays
+        batch-invariant)."""
+        return self.tile if self.tile is not None else default_tile(causal_range, dtype)
+
+    def precision(self, dtype: torch.dtype) -> str:
+        """A kernel's ``tl.dot`` precision: fp32 in full precision (the oracle's); bf16/fp16 on
+        tensor cores. The interpreter (CPU) computes in exact fp32 after rounding to the input
+        dtype as the GPU does (its bf16 dot is wrong)."""
+        if self.interpret:
+            return "interpret"
+        return "ieee" if dtype == torch.float32 else "tf32"
+
+    @property
+    def direct_launch(self) -> bool:
+        """Whether ``kernels.launch`` may call compiled kernels directly: not interpreted and
+        the direct launch mode."""
+        return not self.interpret and self.launch == "direct"
+
+    def record(self) -> dict[str, str | bool]:
+        """What results.json stores per case, what ran: two runs compare only when these agree.
+        The PyTorch path runs no Triton kernel, so its tile, launch mode and interpreter are
+        none ("-", "-", False): settings that changed nothing never part two runs."""
+        if not self.triton:
+            return {"backend": self.backend, "tile": "-", "launch": "-", "interpret": False}
+        return {"backend": self.backend,
+                "tile": "auto" if self.tile is None else self.tile.label(),
+                "launch": self.launch, "interpret": self.interpret}
+
+
+# The PyTorch path: the oracle's, training's, and a forward run without a context's.
+TORCH_KERNELS = Kernels()

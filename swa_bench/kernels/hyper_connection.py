@@ -2,7 +2,7 @@
 (Triton), for up to four streams; ``hc_gated_pre``: the gains and the pre sum in one launch,
 ``hc_post_gated_pre``: with the previous sublayer's post before them.
 
-The model calls them when ``attention_backend`` picks Triton and no gradient is wanted (they have
+The model calls them when its ``Kernels`` are Triton's and no gradient is wanted (they have
 no backward: training uses the PyTorch path); ``model.weighted_sum`` stays the CPU path and the
 oracle. Each row's result depends on that row alone, so they are batch-invariant, and a replayed
 CUDA graph runs them as eager steps do.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 MAX_STREAMS = 4
@@ -23,13 +23,14 @@ GAINS_BLOCK_R, GAINS_BLOCK_D = 16, 256  # rows a gains program owns; columns a s
 POST_BLOCK_D = 64  # columns a step of the post fused before the gains
 
 
-def fused_hc(streams: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> bool:
+def fused_hc(kernels: Kernels, streams: Sequence[torch.Tensor],
+             out: torch.Tensor | None = None) -> bool:
     """Whether these streams' sums (and a ``post``'s sublayer ``out``) run here: the Triton
-    backend is chosen for their device, no gradient is wanted, and the kernels take them (at
+    backend is bound (``kernels``), no gradient is wanted, and the kernels take them (at
     most four 2-D streams; every tensor with unit column stride, one row stride, one dtype)."""
     first = streams[0]
     every = (*streams, out) if out is not None else tuple(streams)
-    if len(streams) > MAX_STREAMS or not inference_kernels(*every):
+    if len(streams) > MAX_STREAMS or not kernels.inference(*every):
         return False
     return first.dim() == 2 and first.stride(1) == 1 and all(
         t.stride() == first.stride() and t.dtype == first.dtype for t in every)
@@ -48,7 +49,7 @@ def hc_pre_folds_norm(dim: int) -> bool:
     return dim <= BLOCK_D
 
 
-def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor,
+def hc_pre(kernels: Kernels, streams: Sequence[torch.Tensor], gains: torch.Tensor,
            norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``sum_j gains[:, j] * streams[j]`` in fp32, rounded once to the streams' dtype; with
     ``norm = (weight, eps)`` (where ``hc_pre_folds_norm``) then RMS-normed in the same launch,
@@ -66,12 +67,13 @@ def hc_pre(streams: Sequence[torch.Tensor], gains: torch.Tensor,
     norm_w, eps = norm if norm is not None else (gains, 0.0)
     launch(triton_hc.hc_pre_kernel, _grid(rows, dim),
         *s, gains, y, norm_w, s[0].stride(0), gains.stride(0), y.stride(0), dim, eps,
-        HC=len(streams), BLOCK_D=BLOCK_D, NORM=norm is not None, num_warps=4)
+        HC=len(streams), BLOCK_D=BLOCK_D, NORM=norm is not None, direct=kernels.direct_launch,
+        num_warps=4)
     return y
 
 
-def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tensor,
-            mix: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def hc_post(kernels: Kernels, streams: Sequence[torch.Tensor], out: torch.Tensor,
+            post: torch.Tensor, mix: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Stream ``i`` becomes ``post[:, i] * out + sum_j mix[i, j] * streams[j]`` (fp32 sums)."""
     from swa_bench.kernels import triton_hc
 
@@ -84,11 +86,11 @@ def hc_post(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tens
     s, y = _padded(streams), _padded(ys)
     launch(triton_hc.hc_post_kernel, _grid(rows, dim),
         out, *s, post, mix, *y, out.stride(0), s[0].stride(0), post.stride(0), y[0].stride(0),
-        dim, HC=hc, BLOCK_D=BLOCK_D, num_warps=4)
+        dim, HC=hc, BLOCK_D=BLOCK_D, direct=kernels.direct_launch, num_warps=4)
     return ys
 
 
-def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
+def hc_gains(kernels: Kernels, streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
              dyn_weight: torch.Tensor, eps: float,
              statics: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``dynamic(rms_norm(cat(streams)))`` as fp32 ``[T, 2 hc]`` without the concatenation (a
@@ -101,12 +103,12 @@ def hc_gains(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     out = torch.empty(rows, n_out, dtype=torch.float32, device=streams[0].device)
     if rows == 0:
         return out
-    _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out)
+    _launch_gains(kernels, streams, norm_weight, dyn_weight, eps, statics, out)
     return out
 
 
-def hc_gated_pre(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
-                 dyn_weight: torch.Tensor, eps: float,
+def hc_gated_pre(kernels: Kernels, streams: Sequence[torch.Tensor],
+                 norm_weight: torch.Tensor, dyn_weight: torch.Tensor, eps: float,
                  statics: tuple[torch.Tensor, torch.Tensor],
                  norm: tuple[torch.Tensor, float] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,13 +122,14 @@ def hc_gated_pre(streams: Sequence[torch.Tensor], norm_weight: torch.Tensor,
     gates = torch.empty(rows, 2 * hc, dtype=torch.float32, device=streams[0].device)
     y = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
     if rows:
-        _launch_gains(streams, norm_weight, dyn_weight, eps, statics, gates, y, norm)
+        _launch_gains(kernels, streams, norm_weight, dyn_weight, eps, statics, gates, y, norm)
     return y, gates[:, hc:]
 
 
-def hc_post_gated_pre(streams: Sequence[torch.Tensor], out: torch.Tensor, post: torch.Tensor,
-                      mix: torch.Tensor, norm_weight: torch.Tensor, dyn_weight: torch.Tensor,
-                      eps: float, statics: tuple[torch.Tensor, torch.Tensor],
+def hc_post_gated_pre(kernels: Kernels, streams: Sequence[torch.Tensor], out: torch.Tensor,
+                      post: torch.Tensor, mix: torch.Tensor, norm_weight: torch.Tensor,
+                      dyn_weight: torch.Tensor, eps: float,
+                      statics: tuple[torch.Tensor, torch.Tensor],
                       norm: tuple[torch.Tensor, float] | None = None
                       ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
     """``hc_post`` of one sublayer (``streams``, its ``out``, ``post`` gains, ``mix``) and
@@ -141,7 +144,7 @@ def hc_post_gated_pre(streams: Sequence[torch.Tensor], out: torch.Tensor, post: 
     x = torch.empty_like(streams[0], memory_format=torch.contiguous_format)
     if rows:
         out, post, mix = _post_inputs(out, post, mix)
-        _launch_gains(streams, norm_weight, dyn_weight, eps, statics, gates, x, norm,
+        _launch_gains(kernels, streams, norm_weight, dyn_weight, eps, statics, gates, x, norm,
                       (out, post, mix, ys))
     return ys, x, gates[:, hc:]
 
@@ -156,7 +159,7 @@ def _post_inputs(out: torch.Tensor, post: torch.Tensor, mix: torch.Tensor
     return out, post, mix
 
 
-def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None,
+def _launch_gains(kernels, streams, norm_weight, dyn_weight, eps, statics, out, y=None, norm=None,
                   post_of=None):
     """One ``hc_gains_kernel`` launch: the gains into ``out``; with ``y`` the pre sum (normed
     with ``norm``); with ``post_of = (out, post, mix, new streams)`` the post before them.
@@ -177,5 +180,5 @@ def _launch_gains(streams, norm_weight, dyn_weight, eps, statics, out, y=None, n
         OUT_PAD=max(16, next_pow2(dyn_weight.shape[0])), BLOCK_R=GAINS_BLOCK_R,
         BLOCK_D=GAINS_BLOCK_D, BLOCK_P=POST_BLOCK_D, GATES=statics is not None,
         PRE=y is not None, NORM=norm is not None, POST=post_of is not None,
-        PRECISION=dot_precision(streams[0].dtype), num_warps=4,
+        PRECISION=kernels.precision(streams[0].dtype), direct=kernels.direct_launch, num_warps=4,
         num_stages=3 if streams[0].dtype.itemsize <= 2 else 1)  # fp32 tiles: shared memory

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import call_op, dot_precision, next_pow2
+from swa_bench.kernels.config import Kernels, call_op, next_pow2
 from swa_bench.kernels.launch import launch
 
 BLOCK_M = 64  # rows a program scores; fixed, so the work (and its FLOPs) never follow the batch
@@ -36,7 +36,7 @@ def index_score_flops(rows: int, first_pos: int, n_keys: int, ratio: int, heads:
 
 
 def _index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
-                  first_pos: int, ratio: int) -> torch.Tensor:
+                  first_pos: int, ratio: int, precision: str, direct: bool) -> torch.Tensor:
     from swa_bench.kernels import triton_indexer
 
     rows, heads, d = q.shape
@@ -51,7 +51,7 @@ def _index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         q, weights, keys, out, rows, n, first_pos,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), out.stride(0),
         RATIO=ratio, H=heads, D=d, BLOCK_D=max(16, next_pow2(d)),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=dot_precision(q.dtype),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=precision, direct=direct,
         num_warps=4, num_stages=2,
     )
     return out
@@ -62,7 +62,7 @@ index_scores_op = torch.library.custom_op("swa_bench::index_scores", _index_scor
 
 
 @index_scores_op.register_fake
-def _(q, weights, keys, first_pos, ratio):
+def _(q, weights, keys, first_pos, ratio, precision, direct):
     return q.new_empty(q.shape[0], keys.shape[0], dtype=torch.float32)
 
 
@@ -73,9 +73,10 @@ def _index_scores_flop_formula(q_shape, weights_shape, keys_shape, first_pos, ra
     return index_score_flops(rows, first_pos, keys_shape[0], ratio, heads, d)
 
 
-def index_scores_fused(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
-                       first_pos: int, ratio: int) -> torch.Tensor:
+def index_scores_fused(kernels: Kernels, q: torch.Tensor, weights: torch.Tensor,
+                       keys: torch.Tensor, first_pos: int, ratio: int) -> torch.Tensor:
     """fp32 ``[rows, n]``: row ``i`` (at position ``first_pos + i``) against keys ``[n, d]``
     (pooled by ``ratio``): ``sum_h weights[i, h] relu(q[i, h] . k_j)`` where it sees key ``j``
     (``j < (pos + 1) // ratio``), -inf where it does not."""
-    return call_op(index_scores_op, _index_scores, q, weights, keys, int(first_pos), int(ratio))
+    return call_op(index_scores_op, _index_scores, q, weights, keys, int(first_pos), int(ratio),
+                   kernels.precision(q.dtype), kernels.direct_launch)

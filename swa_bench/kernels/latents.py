@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import inference_kernels, next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 MAX_WIDTH = 4096  # features of a latent one program holds
 
 
-def fused_latents(x: torch.Tensor, q_dim: int, kv_dim: int) -> bool:
-    """Whether the latents of ``x`` are formed here: the Triton backend is chosen for its device,
+def fused_latents(kernels: Kernels, x: torch.Tensor, q_dim: int, kv_dim: int) -> bool:
+    """Whether the latents of ``x`` are formed here: the Triton backend is bound (``kernels``),
     no gradient is wanted, and one program holds each latent."""
-    return x.dim() == 2 and max(q_dim, kv_dim) <= MAX_WIDTH and inference_kernels(x)
+    return x.dim() == 2 and max(q_dim, kv_dim) <= MAX_WIDTH and kernels.inference(x)
 
 
-def norm_latents(h: torch.Tensor, q_dim: int, q_norm: tuple[torch.Tensor, float],
+def norm_latents(kernels: Kernels, h: torch.Tensor, q_dim: int, q_norm: tuple[torch.Tensor, float],
                  kv_norm: tuple[torch.Tensor, float], positions: torch.Tensor,
                  cos_table: torch.Tensor, sin_table: torch.Tensor, rope_dim: int,
                  *, keep_latent: bool = False
@@ -47,5 +47,5 @@ def norm_latents(h: torch.Tensor, q_dim: int, q_norm: tuple[torch.Tensor, float]
             kv_dim, kv_dim - rope_dim, half, q_norm[1], kv_norm[1],
             BLOCK_Q=next_pow2(q_dim), BLOCK_KV=next_pow2(kv_dim),
             BLOCK_HALF=max(2, next_pow2(half)), ROPE=half > 0, LATENT=keep_latent,
-            num_warps=4)
+            direct=kernels.direct_launch, num_warps=4)
     return q, kv, latent

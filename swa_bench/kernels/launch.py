@@ -8,8 +8,9 @@ keys the compiled kernel by what Triton specialises on (each tensor's dtype and 
 alignment, each integer's divisibility by 16 and width, the constexprs and launch options in
 full: a finer key than Triton's, so a hit is always Triton's own choice), then calls the
 compiled kernel's launcher directly, as Inductor's generated launchers do. The first call of
-each key, the interpreter, a process with Triton launch hooks (a profiler's), and
-``SWA_BENCH_TRITON_LAUNCH=triton`` (an A/B switch) take Triton's own path.
+each key, a process with Triton launch hooks (a profiler's), and a call told not to launch
+directly (``Kernels.direct_launch``: the interpreter, or the ``triton`` launch mode, an A/B
+switch) take Triton's own path.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import functools
 from collections.abc import Sequence
 
 import torch
-
-from swa_bench.kernels.config import interpreting, launch_mode
 
 _COMPILED: dict[tuple, tuple[object, tuple[str, ...]]] = {}
 INT32 = 1 << 31
@@ -44,10 +43,10 @@ def specialization(kernel, args: Sequence[object]) -> tuple:
     return tuple(key)
 
 
-def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+def launch(kernel, grid: tuple[int, ...], *args, direct: bool, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, runtime arguments positional, constexprs and launch
-    options by keyword."""
-    if not direct_launch():
+    options by keyword; ``direct``: the caller's ``Kernels.direct_launch``."""
+    if not direct:
         kernel[grid](*args, **kwargs)
         return
     driver = _driver()
@@ -66,12 +65,6 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
                  driver.get_current_stream(device), compiled.function,
                  compiled.packed_metadata, None, None, None, *args,
                  *(kwargs[name] for name in rest))
-
-
-def direct_launch() -> bool:
-    """Whether ``launch`` may take the direct path: compiled kernels (not the interpreter) and
-    ``SWA_BENCH_TRITON_LAUNCH`` not set to ``triton``."""
-    return not interpreting() and launch_mode() == "direct"
 
 
 @functools.cache

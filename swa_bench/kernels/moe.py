@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import dot_precision, inference_kernels, next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 BLOCK = 1024
@@ -24,13 +24,13 @@ GATE_IN_ROUTE_ELEMENTS = 1 << 16
 SORT_PAIRS = 4096  # (token, expert) pairs one program sorts: a decode or mixed step's
 
 
-def fused_moe(x: torch.Tensor) -> bool:
-    """Whether the experts' elementwise steps on ``x`` run here: the Triton backend is chosen for
-    its device and no gradient is wanted."""
-    return inference_kernels(x)
+def fused_moe(kernels: Kernels, x: torch.Tensor) -> bool:
+    """Whether the experts' elementwise steps on ``x`` run here: the Triton backend is bound
+    and no gradient is wanted."""
+    return kernels.inference(x)
 
 
-def silu_mul(h: torch.Tensor) -> torch.Tensor:
+def silu_mul(kernels: Kernels, h: torch.Tensor) -> torch.Tensor:
     """``silu(g) * u`` of ``h = [g | u]`` ``[M, 2 I]`` as ``[M, I]``."""
     from swa_bench.kernels import triton_moe
 
@@ -39,11 +39,12 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     a = h.new_empty(rows, inter)
     if rows:
         launch(triton_moe.silu_mul_kernel, (rows, -(-inter // BLOCK)),
-            h, a, inter, h.stride(0), a.stride(0), BLOCK=BLOCK, num_warps=4)
+            h, a, inter, h.stride(0), a.stride(0), BLOCK=BLOCK,
+            direct=kernels.direct_launch, num_warps=4)
     return a
 
 
-def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
+def expert_gemm(kernels: Kernels, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
                 order: torch.Tensor | None, *, top_k: int = 0, swiglu: bool = False,
                 scatter: bool = False) -> torch.Tensor:
     """Each (token, expert) pair's row times its expert's ``w [G, N, K]`` (transposed), the
@@ -70,12 +71,12 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
             w.stride(0), w.stride(1), y.stride(0), N=n, K=k, G=groups,
             G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu, SCATTER=scatter,
             DENSE=dense, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
-            PRECISION=dot_precision(x.dtype), num_warps=4)
+            PRECISION=kernels.precision(x.dtype), direct=kernels.direct_launch, num_warps=4)
     return y
 
 
-def moe_route(logits: torch.Tensor, top_k: int, gate: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int,
+              gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``MoE.route`` from the gate's ``logits [T, E]``: each row's ``top_k`` experts (int64,
     highest sigmoid first) and their sigmoid scores normalised to sum to one (fp32), in one
     launch instead of four. With the gate's weight ``gate [E, dim]`` (where ``gate_in_route``),
@@ -95,7 +96,8 @@ def moe_route(logits: torch.Tensor, top_k: int, gate: torch.Tensor | None = None
             0 if gate is None else gate.stride(0), E=n_experts,
             E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
             BLOCK_R=ROUTE_BLOCK_R, GATED=gate is not None, DIM=logits.shape[1],
-            BLOCK_K=ROUTE_BLOCK_K, PRECISION=dot_precision(logits.dtype), num_warps=4)
+            BLOCK_K=ROUTE_BLOCK_K, PRECISION=kernels.precision(logits.dtype),
+            direct=kernels.direct_launch, num_warps=4)
     return experts, weights
 
 
@@ -106,7 +108,8 @@ def gate_in_route(n_experts: int, dim: int) -> bool:
     return n_experts * dim <= GATE_IN_ROUTE_ELEMENTS
 
 
-def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_sort(kernels: Kernels, experts: torch.Tensor, n_experts: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (token, expert) pairs of ``experts [T, k]`` sorted by expert, stable: ``order[r]``
     (int64) is the pair at sorted row ``r``; ``ends [E]`` (int32) each expert's cumulative row
     end. ``MoE.routed``'s ``argsort``, gather, ``arange`` and ``searchsorted`` (eight launches
@@ -125,11 +128,12 @@ def moe_sort(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch
     ends = torch.empty(n_experts, dtype=torch.int32, device=pairs.device)
     launch(triton_moe.sort_pairs_kernel, (1,),
         pairs, order, ends, n, E=n_experts, N_PAD=n_pad,
-        BINS=max(16, next_pow2(n_experts + 1)), num_warps=4)
+        BINS=max(16, next_pow2(n_experts + 1)), direct=kernels.direct_launch, num_warps=4)
     return order, ends
 
 
-def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tensor,
+def moe_combine(kernels: Kernels, y: torch.Tensor, order: torch.Tensor | None,
+                weights: torch.Tensor,
                 out: torch.Tensor | None = None, shared: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """Token ``t``'s row: ``sum_j weights[t, j] * y[pos of (t, j)]`` where ``y`` holds the
@@ -152,5 +156,5 @@ def moe_combine(y: torch.Tensor, order: torch.Tensor | None, weights: torch.Tens
         launch(triton_moe.combine_kernel, (t, -(-y.shape[1] // BLOCK)),
             y, y if slot is None else slot, weights, add, out, y.shape[1], y.stride(0),
             weights.stride(0), add.stride(0), out.stride(0), K=k, SLOTTED=slot is not None,
-            ADD=shared is not None, BLOCK=BLOCK, num_warps=4)
+            ADD=shared is not None, BLOCK=BLOCK, direct=kernels.direct_launch, num_warps=4)
     return out

@@ -10,7 +10,8 @@ It is a ``torch.library`` custom op with a FLOP formula, so torch's FLOP counter
 matmul FLOPs as the PyTorch path's two bmms per source (4 H D per row and key). A contiguous
 source's visited keys depend on data, so the caller passes their total (``causal_keys``), known
 from host metadata. Outside a dispatch mode the kernel is called directly (``call_op``: the op's
-Python dispatch is host time).
+Python dispatch is host time). The caller's ``Kernels`` give the tile, the dot precision and the
+launch path, passed to the op as plain values.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import TileConfig, call_op, dot_precision, next_pow2, tile_config
+from swa_bench.kernels.config import Kernels, TileConfig, call_op, next_pow2
 from swa_bench.kernels.launch import launch
 
 
@@ -35,6 +36,8 @@ def _mqa_attention(
     scale: float,
     causal_keys: int,
     tile: str,
+    precision: str,
+    direct: bool,
 ) -> torch.Tensor:
     from swa_bench.kernels import triton_mqa
 
@@ -58,7 +61,7 @@ def _mqa_attention(
         WIDTH_A=idx_a.shape[1], WIDTH_B=idx_b.shape[1] if has_b else 0, H=heads, D=d,
         BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_N=config.block_n, HAS_B=has_b, HAS_C=has_c,
-        PRECISION=dot_precision(q.dtype),
+        PRECISION=precision, direct=direct,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
@@ -69,7 +72,8 @@ mqa_attention_op = torch.library.custom_op("swa_bench::mqa_attention", _mqa_atte
 
 
 @mqa_attention_op.register_fake
-def _(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count, scale, causal_keys, tile):
+def _(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count, scale, causal_keys, tile,
+      precision, direct):
     return torch.empty_like(q)
 
 
@@ -89,15 +93,16 @@ def _mqa_attention_flop_formula(q_shape, sink_shape, kv_a_shape, idx_a_shape, kv
 
 
 def mqa_attention(
+    kernels: Kernels,
     q: torch.Tensor,
     sink: torch.Tensor,
     scale: float,
     gathered: list[tuple[torch.Tensor, torch.Tensor]],
     causal: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
-    tile: TileConfig | None = None,
 ) -> torch.Tensor:
     """``gathered``: one or two ``(kv [N, D], idx [T, K])``; ``causal``: ``(kv, start [T],
-    count [T], total keys)``. Sources are visited in this order, keys in index order."""
+    count [T], total keys)``. Sources are visited in this order, keys in index order; the tile
+    is ``kernels.tile_for`` the kind of sources and the dtype."""
     if not 1 <= len(gathered) <= 2:
         raise ValueError(f"mqa_attention takes one or two gathered sources, got {len(gathered)}")
     (kv_a, idx_a), *rest = gathered
@@ -105,4 +110,5 @@ def mqa_attention(
     kv_c, c_start, c_count, keys = causal if causal is not None else (None, None, None, 0)
     return call_op(mqa_attention_op, _mqa_attention, q, sink, kv_a, idx_a, kv_b, idx_b, kv_c,
                    c_start, c_count, float(scale), int(keys),
-                   (tile or tile_config(causal is not None, q.dtype)).label())
+                   kernels.tile_for(causal is not None, q.dtype).label(),
+                   kernels.precision(q.dtype), kernels.direct_launch)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import inference_kernels, next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 
-def fused_rope(x: torch.Tensor) -> bool:
-    """Whether ``x``'s rotation runs here: the Triton backend is chosen for its device, no
+def fused_rope(kernels: Kernels, x: torch.Tensor) -> bool:
+    """Whether ``x``'s rotation runs here: the Triton backend is bound (``kernels``), no
     gradient is wanted, and its features are contiguous (``[T, D]`` or ``[T, H, D]``)."""
-    return x.dim() in (2, 3) and x.stride(-1) == 1 and inference_kernels(x)
+    return x.dim() in (2, 3) and x.stride(-1) == 1 and kernels.inference(x)
 
 
-def rope_(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+def rope_(kernels: Kernels, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
           sin_table: torch.Tensor, rope_dim: int) -> torch.Tensor:
     """Rotates the last ``rope_dim`` features of ``x`` in place by each row's position, with
     the ``[length, rope_dim // 2]`` fp32 tables; returns ``x``."""
@@ -33,5 +33,5 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
     launch(triton_rope.rope_kernel, (rows,),
         x, positions, cos_table, sin_table, x.stride(0), stride_h, heads,
         x.shape[-1] - rope_dim, half, BLOCK_H=next_pow2(heads), BLOCK_HALF=next_pow2(half),
-        num_warps=4)
+        direct=kernels.direct_launch, num_warps=4)
     return x

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from swa_bench.kernels.config import next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 BLOCK_ROWS = 32
 
 
-def window_index_rows(positions: torch.Tensor, row_request: torch.Tensor,
+def window_index_rows(kernels: Kernels, positions: torch.Tensor, row_request: torch.Tensor,
                       kv_first_pos: torch.Tensor, kv_row_start: torch.Tensor,
                       cache_index: torch.Tensor, window_start: torch.Tensor, ring_rows: int,
                       window: int) -> torch.Tensor:
@@ -34,5 +34,5 @@ def window_index_rows(positions: torch.Tensor, row_request: torch.Tensor,
         launch(triton_window_index.window_index_kernel, (-(-rows // BLOCK_ROWS),),
             positions, row_request, kv_first_pos, kv_row_start, cache_index, window_start, out,
             rows, ring_rows, WINDOW=window, BLOCK_W=next_pow2(window), BLOCK_R=BLOCK_ROWS,
-            num_warps=4)
+            direct=kernels.direct_launch, num_warps=4)
     return out

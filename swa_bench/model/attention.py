@@ -8,8 +8,9 @@ Two implementations compute the same function:
 * ``static_attention`` reads only device metadata and gathers each row's keys at static shapes, so a
   FULL graph can capture it. It costs O(rows x max_seq_len) memory: FULL graphs are for small steps.
 
-On CUDA both run one Triton kernel instead (``swa_bench.kernels.mqa_attention``, chosen by
-``attention_backend``), one launch for the step's rows: each row's window keys gathered, then its
+On CUDA both run one Triton kernel instead (``swa_bench.kernels.mqa_attention``, where the
+forward context's ``Kernels`` are Triton's), one launch for the step's rows: each row's window
+keys gathered, then its
 causal global prefix as a contiguous range, so the cost is O(rows x visible keys) in either path
 and a row's result is the same bits in both (FULL graph == eager). The PyTorch code stays the CPU
 path and the oracle.
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import attention_backend, mqa_attention, window_index_rows
+from swa_bench.kernels import mqa_attention, window_index_rows
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import active_kernels
 
 
 def score_budget(device: torch.device) -> int:
@@ -87,10 +89,10 @@ def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.
 
 
 def _window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
-    if attention_backend(meta.positions.device) == "triton":
-        return window_index_rows(meta.positions, meta.row_request, meta.kv_first_pos,
-                                 meta.kv_row_start, meta.cache_index, meta.window_start,
-                                 ring_rows, window)
+    if active_kernels().triton:
+        return window_index_rows(active_kernels(), meta.positions, meta.row_request,
+                                 meta.kv_first_pos, meta.kv_row_start, meta.cache_index,
+                                 meta.window_start, ring_rows, window)
     req = meta.row_request
     kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
     first = meta.kv_first_pos[req][:, None]
@@ -182,7 +184,7 @@ def _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static) -> tor
         glob, start = step_global_keys(meta, cache, global_kv, static)
         causal = (glob, start, visible_global_keys(meta, ratio),
                   layouts_causal_keys(meta.layouts, ratio))
-    out = mqa_attention(q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
+    out = mqa_attention(active_kernels(), q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
     ring.index_copy_(0, meta.ring_slot, kv)
     return out
 
@@ -208,7 +210,7 @@ def varlen_attention(
     sink: torch.Tensor,
 ) -> torch.Tensor:
     """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
-    if attention_backend(q.device) == "triton":
+    if active_kernels().triton:
         return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=False)
     window = cache.args.window
     scale = q.shape[-1] ** -0.5
@@ -283,7 +285,7 @@ def static_attention(
     sink: torch.Tensor,
 ) -> torch.Tensor:
     """The same function from device metadata alone: no host reads, static shapes (capturable)."""
-    if attention_backend(q.device) == "triton":
+    if active_kernels().triton:
         return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=True)
     args = cache.args
     window, max_seq = args.window, args.max_seq_len

@@ -6,10 +6,12 @@ graph segments read it only through static buffers. The replay batch runs its la
 context of its own, like a microbatch.
 
 Whoever builds a context binds the state the forward computes on: the KV cache (``cache``, no
-default: the model holds none, so a forward cannot run on another engine's cache) and the
+default: the model holds none, so a forward cannot run on another engine's cache), the
 replay-batch route (``replay_batch``, None for the whole batch: the engine's decision for the
-step, or the oracle's own restatement). Nothing below the builder re-derives either, and nothing
-on the model is swapped between forwards.
+step, or the oracle's own restatement) and the kernels (``kernels``: the engine's, resolved once
+at its construction; layers read them through ``active_kernels``, never the environment).
+Nothing below the builder re-derives any of them, and nothing on the model is swapped between
+forwards.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
+
+from swa_bench.kernels.config import TORCH_KERNELS, Kernels
 
 if TYPE_CHECKING:
     from swa_bench.model.batch import AttentionMetadata
@@ -60,6 +64,8 @@ class ForwardContext:
     # The KV cache every layer of this forward reads and writes (a replay batch's context binds
     # the step's). A captured graph's segments hold the cache it was captured under.
     cache: KVCache
+    # The engine's resolved kernels (``Engine.kernels``): every fused call site reads these.
+    kernels: Kernels
     # Per-layer metadata overrides: the first replay layer on the replay batch reads the batch's
     # window KV; the bounded reference masks decoder layers below the kept starts.
     layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
@@ -91,6 +97,12 @@ def get_forward_context() -> ForwardContext:
     if _current is None:
         raise RuntimeError("no forward context is set: run the model through set_forward_context")
     return _current
+
+
+def active_kernels() -> Kernels:
+    """The current context's kernels; the PyTorch path without a context (the training
+    forward runs the blocks without one)."""
+    return TORCH_KERNELS if _current is None else _current.kernels
 
 
 @contextlib.contextmanager

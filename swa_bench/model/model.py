@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.kernels import (
+    Kernels,
     expert_gemm,
     fused_hc,
     fused_latents,
@@ -47,7 +48,7 @@ from swa_bench.kernels import (
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
 from swa_bench.model.cache import KVCache
-from swa_bench.model.forward_context import get_forward_context
+from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.sparse_attention import (
     IndexQuery,
@@ -110,13 +111,16 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotates the last ``rope_dim`` features of ``x [T, ..., D]`` by each row's position
     (``< max_len``), in fp32. ``inplace`` writes into ``x`` (a fresh projection nobody else
-    reads): no copy of the unrotated features. One Triton launch where ``fused_rope`` allows."""
+    reads): no copy of the unrotated features. One Triton launch where ``fused_rope`` allows on
+    the context's kernels."""
     if rope_dim == 0:
         return x
     half = rope_dim // 2
     cos_table, sin_table = rope_table(x.device, rope_dim, theta, max_len)
-    if fused_rope(x):
-        return rope_(x if inplace else x.clone(), positions, cos_table, sin_table, rope_dim)
+    kernels = active_kernels()
+    if fused_rope(kernels, x):
+        return rope_(kernels, x if inplace else x.clone(), positions, cos_table, sin_table,
+                     rope_dim)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
     cos = cos_table.index_select(0, positions).view(shape)
     sin = sin_table.index_select(0, positions).view(shape)
@@ -166,15 +170,16 @@ class HyperConnection(nn.Module):
         """The sublayer's input, normed by ``norm`` when given, and the ``post`` gains."""
         if self.hc == 1:
             return (streams[0] if norm is None else norm(streams[0])), None
-        if fused_hc(streams):
+        kernels = active_kernels()
+        if fused_hc(kernels, streams):
             statics = (self.static_pre, self.static_post)
             if hc_pre_folds_norm(streams[0].shape[1]):  # narrow rows: gates, sum, norm at once
-                return hc_gated_pre(streams, self.norm.weight, self.dynamic.weight,
+                return hc_gated_pre(kernels, streams, self.norm.weight, self.dynamic.weight,
                                     self.norm.eps, statics,
                                     None if norm is None else (norm.weight, norm.eps))
-            gates = hc_gains(streams, self.norm.weight, self.dynamic.weight, self.norm.eps,
-                             statics)  # the gates in one kernel, the sum in another
-            x = hc_pre(streams, gates[:, : self.hc])
+            gates = hc_gains(kernels, streams, self.norm.weight, self.dynamic.weight,
+                             self.norm.eps, statics)  # the gates in one kernel, the sum in another
+            x = hc_pre(kernels, streams, gates[:, : self.hc])
             return (x if norm is None else norm(x)), gates[:, self.hc :]
         gains = self.gains(streams)
         pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
@@ -188,10 +193,11 @@ class HyperConnection(nn.Module):
         """``post`` of this sublayer, then ``nxt.pre(new streams, norm)``: the new streams, the
         next sublayer's input and its post gains. One launch instead of three where the fused
         kernels take the streams and a program holds a row (``hc_pre_folds_norm``)."""
+        kernels = active_kernels()
         if (self.hc > 1 and hc_pre_folds_norm(streams[0].shape[1])
-                and fused_hc(streams, out)):
+                and fused_hc(kernels, streams, out)):
             return hc_post_gated_pre(
-                streams, out, post, self.mixing(), nxt.norm.weight, nxt.dynamic.weight,
+                kernels, streams, out, post, self.mixing(), nxt.norm.weight, nxt.dynamic.weight,
                 nxt.norm.eps, (nxt.static_pre, nxt.static_post), (norm.weight, norm.eps))
         streams = self.post(streams, out, post)
         return (streams, *nxt.pre(streams, norm))
@@ -200,8 +206,9 @@ class HyperConnection(nn.Module):
         if self.hc == 1:
             return (streams[0] + out,)
         mix = self.mixing()
-        if fused_hc(streams, out):
-            return hc_post(streams, out, post, mix)
+        kernels = active_kernels()
+        if fused_hc(kernels, streams, out):
+            return hc_post(kernels, streams, out, post, mix)
         return tuple(
             weighted_sum((out, *streams), [post[:, i : i + 1], *mix[i]]) for i in range(self.hc)
         )
@@ -310,13 +317,14 @@ class Attention(nn.Module):
         stores it). On the inference kernels: one GEMM over both projections' stacked weights
         and one launch for both norms and the RoPE, three launches where the steps take eight."""
         args = self.args
-        if not fused_latents(x, args.q_lora_rank, args.head_dim):
+        kernels = active_kernels()
+        if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
             return self.q_norm(self.wq_a(x)), self.project_kv(x)
         positions = get_forward_context().attn_metadata.positions
         cos_table, sin_table = rope_table(x.device, args.rope_dim, args.rope_theta,
                                           args.max_seq_len)
         q_latent, kv, latent = norm_latents(
-            F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
+            kernels, F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
             positions, cos_table, sin_table, args.rope_dim, keep_latent=self.writes_index_keys)
         self.store_kv(kv, latent)
@@ -527,40 +535,43 @@ class MoE(nn.Module):
     def experts(self) -> RoutedExperts:
         return self.own_experts if self.own_experts is not None else self.shared_pool[0]
 
-    def route(self, x: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, x: torch.Tensor, fused: Kernels | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights (``fused``:
         in one kernel, ``moe_route``, with the gate's product where ``gate_in_route``)."""
-        if fused and gate_in_route(*self.gate.weight.shape):
-            return moe_route(x, self.top_k, self.gate.weight)
+        if fused is not None and gate_in_route(*self.gate.weight.shape):
+            return moe_route(fused, x, self.top_k, self.gate.weight)
         logits = self.gate(x)
-        if fused:
-            return moe_route(logits, self.top_k)
+        if fused is not None:
+            return moe_route(fused, logits, self.top_k)
         scores = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
         top = scores.topk(self.top_k, dim=-1)
         return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
 
-    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False,
-               shared: torch.Tensor | None = None) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None,
+               fused: Kernels | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared experts'
-        output of those rows) when given, written into ``out`` when given; ``fused``: on the
-        inference kernels (``fused_moe``, decided once per forward)."""
+        output of those rows) when given, written into ``out`` when given; ``fused``: the
+        inference kernels these rows run on (``fused_moe``, decided once per forward), None: the
+        PyTorch steps."""
         t, k = x.shape[0], self.top_k
         experts, weights = self.route(x, fused)
-        if fused:
-            order, ends = moe_sort(experts, self.n_experts)
+        if fused is not None:
+            order, ends = moe_sort(fused, experts, self.n_experts)
         else:
             pairs = experts.flatten()
             order = torch.argsort(pairs, stable=True)
             bounds = torch.arange(1, self.n_experts + 1, device=x.device)
             ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w = self.experts
-        if fused and not native_grouped_mm(x):  # gather, SwiGLU, scatter in the GEMMs
-            a = expert_gemm(x, w.w13, ends, order, top_k=k, swiglu=True)
-            return moe_combine(expert_gemm(a, w.w2, ends, order, scatter=True), None, weights,
-                               out, shared)
+        if fused is not None and not native_grouped_mm(x):  # gather, SwiGLU, scatter in GEMMs
+            a = expert_gemm(fused, x, w.w13, ends, order, top_k=k, swiglu=True)
+            return moe_combine(fused, expert_gemm(fused, a, w.w2, ends, order, scatter=True),
+                               None, weights, out, shared)
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
-        if fused:
-            return moe_combine(grouped_mm(silu_mul(h), w.w2, ends), order, weights, out, shared)
+        if fused is not None:
+            return moe_combine(fused, grouped_mm(silu_mul(fused, h), w.w2, ends), order,
+                               weights, out, shared)
         g, u = h.chunk(2, dim=-1)
         y = grouped_mm(F.silu(g) * u, w.w2, ends)
         y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
@@ -570,21 +581,22 @@ class MoE(nn.Module):
             summed = summed + shared
         return summed if out is None else out.copy_(summed)
 
-    def shared_experts(self, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
+    def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
         if self.shared_w13 is None:
             return None
-        if fused and not native_grouped_mm(x):  # the GEMM and the SwiGLU in one launch
-            return self.shared_w2(expert_gemm(x, self.shared_w13.weight[None], None, None,
+        if fused is not None and not native_grouped_mm(x):  # the GEMM and SwiGLU in one launch
+            return self.shared_w2(expert_gemm(fused, x, self.shared_w13.weight[None], None, None,
                                               swiglu=True))
         h = self.shared_w13(x)
-        if fused:
-            return self.shared_w2(silu_mul(h))
+        if fused is not None:
+            return self.shared_w2(silu_mul(fused, h))
         s1, s3 = h.chunk(2, dim=-1)
         return self.shared_w2(F.silu(s1) * s3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The shared experts run first: the routed experts' combine adds their output."""
-        fused = fused_moe(x)
+        kernels = active_kernels()
+        fused = kernels if fused_moe(kernels, x) else None
         shared = self.shared_experts(x, fused)
         if x.shape[0] <= MOE_ROWS:
             return self.routed(x, fused=fused, shared=shared)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import attention_backend, index_scores_fused, mqa_attention
+from swa_bench.kernels import index_scores_fused, mqa_attention
 from swa_bench.model.attention import (
     GlobalKV,
     pooled,
@@ -34,6 +34,7 @@ from swa_bench.model.attention import (
 )
 from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import active_kernels
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,9 @@ def select_varlen(
 ) -> torch.Tensor:
     """The index source's selection ``[rows, top_k]`` (request-relative positions), request by
     request with host integers, chunked by rows, keys cut at each chunk's last position. The
-    scores come from the fused kernel when ``attention_backend`` picks Triton."""
+    scores come from the fused kernel where the forward context's ``Kernels`` are Triton's."""
     out = torch.full((meta.num_rows, index.top_k), -1, dtype=torch.long, device=index.q.device)
-    fused = attention_backend(index.q.device) == "triton"
+    fused = active_kernels().triton
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
@@ -162,8 +163,8 @@ def select_varlen(
             last = lay.q_first_pos + c1  # one past the chunk's last position
             n = min(keys.shape[0], last if ratio == 1 else last // ratio)
             if fused:
-                scores = index_scores_fused(index.q[rows], index.weights[rows], keys[:n],
-                                            first, ratio)
+                scores = index_scores_fused(active_kernels(), index.q[rows],
+                                            index.weights[rows], keys[:n], first, ratio)
             else:
                 scores = index_scores(index.q[rows], index.weights[rows], keys[:n])
             out[rows] = select_top_k(scores, visible_positions(qpos, n, ratio), index.top_k)
@@ -179,8 +180,8 @@ def _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static):
     glob, base = step_global_keys(meta, cache, global_kv, static)
     sources = [(keys, win), (glob, torch.where(selection >= 0, base[:, None] + selection, -1))]
     scale = q.shape[-1] ** -0.5
-    if attention_backend(q.device) == "triton":
-        out = mqa_attention(q, sink, scale, sources)
+    if active_kernels().triton:
+        out = mqa_attention(active_kernels(), q, sink, scale, sources)
     else:
         out = gathered_attention(q, sources, sink, scale)
     ring.index_copy_(0, meta.ring_slot, kv)
@@ -199,7 +200,7 @@ def sparse_varlen_attention(
 ) -> torch.Tensor:
     """The eager path: each row's window and its selected global positions, gathered (per
     request on the PyTorch path, one launch on Triton's)."""
-    if attention_backend(q.device) == "triton":
+    if active_kernels().triton:
         return _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static=False)
     window = cache.args.window
     ring = cache.ring[layer]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import RequestLayout, StepBatch, make_metadata
 from swa_bench.model.cache import KVCache
@@ -86,11 +87,10 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
     return out
 
 
-def build_replay_batch(
-    step: StepBatch, lens: Sequence[int], args: ModelArgs, cache: KVCache
-) -> ReplayBatch:
+def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, cache: KVCache,
+                       kernels: Kernels) -> ReplayBatch:
     """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows; its layers run
-    on ``cache``, the step's."""
+    on ``cache`` and ``kernels``, the step's engine's."""
     lens = list(lens)
     device = step.input_ids.device
     layouts = kept_layouts(step, lens)
@@ -112,6 +112,7 @@ def build_replay_batch(
         attn_metadata=metadata,
         logits_indices=rows.new_zeros(0),
         cache=cache,
+        kernels=kernels,
         layer_metadata={args.last_kv_source: first_metadata},
     )
     return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context)

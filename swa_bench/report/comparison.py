@@ -12,9 +12,17 @@ import math
 from swa_bench.compare import Comparison, ComparisonRow
 from swa_bench.report.markdown import md_cell, md_table
 
-_ORDER = {"regressed": 0, "warning": 1, "missing": 2, "improved": 3, "new": 4, "unchanged": 5}
+_ORDER = {"regressed": 0, "incomparable": 1, "warning": 2, "missing": 3, "improved": 4, "new": 5,
+          "unchanged": 6}
 _HEAD = {"regressed": "REGRESSED", "ok": "OK",
          "nothing compared": "FAILED (no case in common: nothing compared)"}
+
+
+def _head(comparison: Comparison) -> str:
+    if comparison.verdict == "not comparable":
+        n = comparison.incomparable
+        return f"NOT COMPARABLE ({n} case{'s' if n > 1 else ''} ran other kernels)"
+    return _HEAD[comparison.verdict]
 
 
 def sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
@@ -26,7 +34,7 @@ def verdict_line(comparison: Comparison) -> str:
     counts = comparison.counts()
     gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
             if comparison.timing_gated else "timing not gated")
-    return (f"{_HEAD[comparison.verdict]}: "
+    return (f"{_head(comparison)}: "
             + ", ".join(f"{n} {status}" for status, n in counts.items()) + f"; {gate}")
 
 

@@ -304,8 +304,8 @@ def case_progress(console: Console, name: str, total: int) -> Iterator[Callable[
 
 # --- swa-bench compare -------------------------------------------------------------------------
 
-_COMPARE_STYLE = {"regressed": "bold red", "warning": "yellow", "missing": "yellow",
-                  "improved": "green", "new": "cyan", "unchanged": "dim"}
+_COMPARE_STYLE = {"regressed": "bold red", "incomparable": "bold magenta", "warning": "yellow",
+                  "missing": "yellow", "improved": "green", "new": "cyan", "unchanged": "dim"}
 
 
 def _delta_cell(row: ComparisonRow, path: str) -> str:

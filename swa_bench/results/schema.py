@@ -128,6 +128,16 @@ class TaskResults(_Strict):
     held_out: list[HeldOutLoss] = []
 
 
+class KernelRecord(_Strict):
+    """Which kernels a case ran (``swa_bench.kernels.Kernels.record``): two runs' cases
+    measure the same thing only when these agree (``compare`` refuses them otherwise)."""
+
+    backend: str  # torch or triton, resolved for the device
+    tile: str  # the attention kernel's "block_n,block_dv,num_warps,num_stages", "auto"; "-": torch
+    launch: str  # direct or triton; "-" on the PyTorch path
+    interpret: bool  # Triton's interpreter ran the kernels (CPU tensors)
+
+
 class CaseResult(_Strict):
     case_id: str
     index: int
@@ -143,6 +153,8 @@ class CaseResult(_Strict):
     batch: str
     batch_shape: str = ""  # request kinds, lengths aside: cases of one shape share a break-even
     replay_route: str | None = None  # why the timed replay step ran as it did (its step plan)
+    # The kernels it ran; None where unknown (they did not resolve, or an older results file).
+    kernels: KernelRecord | None = None
     checks: list[CheckResult] = []
     timing: CaseTiming | None = None
     flops: dict[str, int] = {}

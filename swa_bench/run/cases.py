@@ -21,13 +21,13 @@ from swa_bench.checks import equivalence
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.checks.tasks import TaskRun, TaskSettings, agreement_check, run_tasks
-from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.model.weights import load_weights
-from swa_bench.results import CaseResult, CheckResult
+from swa_bench.results import CaseResult, CheckResult, KernelRecord
 from swa_bench.scenario import Case, Scenario, ScenarioError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,6 +44,7 @@ def engine_config(case: Case) -> EngineConfig:
         capture_sizes=tuple(sc.resolved_capture_sizes()),
         max_capture_size=sc.max_capture_size,
         halo_align=sc.halo_align,
+        kernels=sc.kernel_settings(),
     )
 
 
@@ -120,12 +121,14 @@ class CaseRunner:
                                 distances=tuple(t.distances), prompts=t.prompts,
                                 continuation=sc.task_continuation(), seed=sc.seed)
         name = sc.model.weights or "seeded"
-        key = json.dumps([dataclasses.asdict(settings), sc.halo_align])
+        kernels = engine_config(case).kernels
+        key = json.dumps([dataclasses.asdict(settings), sc.halo_align, repr(kernels)])
         if key not in self.full_tasks:
-            self.full_tasks[key] = run_tasks(model, "full", settings, model_name=name)
+            self.full_tasks[key] = run_tasks(model, "full", settings, model_name=name,
+                                             kernels=kernels)
         full = self.full_tasks[key]
         run = full if sc.policy == "full" else run_tasks(
-            model, sc.policy, settings, model_name=name, reference=full,
+            model, sc.policy, settings, model_name=name, kernels=kernels, reference=full,
             halo_align=sc.halo_align)
         return run, agreement_check(run.results, must_agree=sc.policy in ("full", "halo"))
 
@@ -173,7 +176,7 @@ class CaseRunner:
             yield equivalence.check_e3(model, inputs, config, engine=engine)
         if cfg.e4.enabled:
             tol = Tolerance.for_dtype(dtype, cfg.e4.rtol, cfg.e4.atol)
-            yield equivalence.check_e4(model, inputs, tol=tol)
+            yield equivalence.check_e4(model, inputs, tol=tol, kernels=config.kernels)
         if cfg.e5.enabled:
             engine = self.engine_pair(model, config)[1] if graphs else None
             yield equivalence.check_e5(model, inputs, config, engine=engine)
@@ -187,6 +190,8 @@ class CaseRunner:
             num_requests=len(case.requests()), batch="",
         )
         try:
+            kernels = resolve_kernels(engine_config(case).kernels, self.device.type)
+            result.kernels = KernelRecord(**kernels.record())
             model = self.model(case)
             inputs = self.inputs(case, model)
             result.batch, result.batch_shape = inputs.describe(), inputs.shape()
@@ -195,7 +200,8 @@ class CaseRunner:
                 a = sc.checks.approximation
                 result.approximation, first_kv = measure(
                     model, inputs, continuation_steps=sc.continuation_steps(),
-                    halo_align=sc.halo_align, policy=sc.policy,
+                    kernels=engine_config(case).kernels, halo_align=sc.halo_align,
+                    policy=sc.policy,
                 )
                 result.checks.append(first_kv)
                 result.checks.append(check_bounds(

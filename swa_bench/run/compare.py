@@ -58,9 +58,11 @@ def _check_out(out: Path, protected: set[Path], explicit: bool) -> str | None:
 
 def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05,
                     out: Path | None = None, gate_timing: bool = True,
-                    console: Console | None = None, as_json: bool = False) -> int:
-    """Exit code: 0 no regression, 1 a regression or nothing compared, 2 bad input (one line
-    on stderr). ``as_json`` prints the comparison as JSON on stdout instead of the table."""
+                    console: Console | None = None, as_json: bool = False,
+                    allow_config_change: bool = False) -> int:
+    """Exit code: 0 no regression, 1 a regression, cases that ran other kernels (unless
+    ``allow_config_change``) or nothing compared, 2 bad input (one line on stderr).
+    ``as_json`` prints the comparison as JSON on stdout instead of the table."""
     console = console or Console()
     if not math.isfinite(max_slowdown) or max_slowdown < 0:
         return _fail(f"--max-slowdown: must be a finite number >= 0, got {max_slowdown}")
@@ -80,7 +82,7 @@ def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05
         return _fail(problem)
 
     comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
-                              gate_timing=gate_timing)
+                              gate_timing=gate_timing, allow_config_change=allow_config_change)
     markdown = comparison_markdown(comparison, baseline=str(baseline), current=str(current))
     try:
         write_text_atomic(out, markdown)

@@ -31,8 +31,9 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
-from swa_bench.engine.config import GraphMode
+from swa_bench.engine.config import GraphMode, kernel_settings_from_environment
 from swa_bench.graphs.capture_sizes import default_capture_sizes
+from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
 from swa_bench.model.weights import WeightsError, check_weights, read_weights
@@ -245,6 +246,31 @@ class Timing(_Strict):
 AxisValues = Annotated[list[Any], MinLen(1)]
 
 
+class KernelsSpec(_Strict):
+    """Which kernels the case runs (``swa_bench.kernels.KernelSettings``): ``backend`` auto (Triton
+    on CUDA, PyTorch elsewhere), torch or triton; ``tile`` the attention kernel's
+    ``"block_n,block_dv,num_warps,num_stages"``; ``launch`` direct or triton (Triton's own call
+    path). An omitted key takes the environment's (``SWA_BENCH_KERNELS``, ``SWA_BENCH_MQA_TILE``,
+    ``SWA_BENCH_TRITON_LAUNCH``), else auto, the measured tiles, direct."""
+
+    backend: Literal["auto", "torch", "triton"] | None = None
+    tile: str | None = None
+    launch: Literal["direct", "triton"] | None = None
+
+    @field_validator("tile")
+    @classmethod
+    def _tile(cls, tile: str | None) -> str | None:
+        if tile is not None:
+            TileConfig.parse(tile, name="")
+        return tile
+
+    def settings(self, default: KernelSettings) -> KernelSettings:
+        """These settings, each omitted one taken from ``default``."""
+        return KernelSettings(self.backend or default.backend,
+                              TileConfig.parse(self.tile) if self.tile else default.tile,
+                              self.launch or default.launch)
+
+
 class Sweep(_Strict):
     """``grid``: the cartesian product of its axes. ``zip``: groups whose lists move together,
     each group crossed with the grid. Keys are dotted paths into the scenario."""
@@ -286,6 +312,7 @@ class Scenario(_Strict):
     eager_trim_threshold: NonNegativeInt = 0
     capture_sizes: list[PositiveInt] | None = None
     max_capture_size: Annotated[int, Ge(1), Le(1 << 20)] = 512
+    kernels: KernelsSpec = Field(default_factory=KernelsSpec)
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
     timing: Timing = Field(default_factory=Timing)
@@ -342,6 +369,10 @@ class Scenario(_Strict):
     def resolved_trim_threshold(self) -> int:
         """The smallest padded size whose graph uses the replay batch; null means W + 1."""
         return self.trim_threshold or self.model_args().window + 1
+
+    def kernel_settings(self) -> KernelSettings:
+        """The ``kernels:`` section over the environment's default (read here, once a case)."""
+        return self.kernels.settings(kernel_settings_from_environment())
 
     def resolved_capture_sizes(self) -> list[int]:
         """The explicit list when given (``max_capture_size`` then plays no part), else vLLM's."""

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from swa_bench.cli import app
+from swa_bench.engine.config import triton_interpreting
 from swa_bench.kernels import mqa_attention_flops
-from swa_bench.kernels.config import interpreting
 from swa_bench.model.args import PRESETS
 from swa_bench.model.attention import causal_key_total
 
@@ -23,7 +23,7 @@ def test_kernels_command_reports_each_problem_and_path():
     h, d, w = args.n_heads, args.head_dim, args.window
     expected = {"dense": mqa_attention_flops(12, h, d, w, causal_key_total(0, 12, 1)),
                 "sparse": mqa_attention_flops(12, h, d, w + 4 * w)}
-    paths = {"torch", "triton"} if interpreting() else {"torch"}
+    paths = {"torch", "triton"} if triton_interpreting() else {"torch"}
     seen = {(r["problem"], r["backend"]) for r in report["results"]}
     assert seen == {(p, b) for p in expected for b in paths}
     for r in report["results"]:

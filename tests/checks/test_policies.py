@@ -12,6 +12,7 @@ from swa_bench.checks.oracle import ORACLE_POLICIES, expect_for
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import KernelSettings
 from swa_bench.model.args import build_args
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec as R
@@ -38,7 +39,8 @@ def test_e1_per_policy(tiny, policy):
 def test_one_decoder_layer_bounded_is_exact():
     model = build_model(build_args("tiny", {"n_layers": 5}), seed=0)[0]  # S = 3, D = 1
     inputs = StepInputs.seeded([R(30), R(19)], model.args.vocab_size, 2)
-    metrics = approximation(model, inputs, continuation_steps=model.args.window)
+    metrics = approximation(model, inputs, continuation_steps=model.args.window,
+                            kernels=KernelSettings())
     assert metrics.logits_max_abs < 1e-4 and metrics.greedy_agreement == 1.0
-    assert check_first_decoder_kv(model, inputs).passed
+    assert check_first_decoder_kv(model, inputs, kernels=KernelSettings()).passed
     assert torch.tensor(metrics.window_kv_rel_error).max() < 1e-5

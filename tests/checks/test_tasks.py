@@ -12,12 +12,14 @@ from swa_bench.checks.equivalence import check_e1, check_e2, check_e3, check_e4,
 from swa_bench.checks.tasks import TaskSettings, _prompt_sets, agreement_check, run_tasks
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import KernelSettings
 from swa_bench.model.args import build_args
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec as R
 from swa_bench.model.weights import load_weights, resolve
 from swa_bench.train.forward import train_forward
 
+AUTO = KernelSettings()  # the kernels a run takes by default: PyTorch on a CPU
 SETTINGS = TaskSettings(prompt_lens=(16, 64), distances=(8, 40), prompts=3, continuation=3)
 
 
@@ -30,7 +32,7 @@ def trained():
 
 @pytest.fixture(scope="module")
 def full(trained):
-    return run_tasks(trained, "full", SETTINGS, model_name="v41-mini")
+    return run_tasks(trained, "full", SETTINGS, model_name="v41-mini", kernels=AUTO)
 
 
 def test_full_prefill_answers_what_the_training_forward_answers(trained, full):
@@ -45,12 +47,14 @@ def test_full_prefill_answers_what_the_training_forward_answers(trained, full):
 
 
 def test_halo_agrees_with_full_on_every_prompt_and_bounded_is_measured(trained, full):
-    halo = run_tasks(trained, "halo", SETTINGS, model_name="v41-mini", reference=full)
+    halo = run_tasks(trained, "halo", SETTINGS, model_name="v41-mini", kernels=AUTO,
+                     reference=full)
     assert agreement_check(halo.results, must_agree=True).passed
     assert all(c.agreement == 1.0 for c in halo.results.cells)
     for a, b in zip(halo.results.held_out, full.results.held_out, strict=True):
         assert a.loss == pytest.approx(b.loss, abs=1e-4)
-    bounded = run_tasks(trained, "bounded", SETTINGS, model_name="v41-mini", reference=full)
+    bounded = run_tasks(trained, "bounded", SETTINGS, model_name="v41-mini", kernels=AUTO,
+                        reference=full)
     check = agreement_check(bounded.results, must_agree=False)
     assert check.passed and check.mode == "info" and "task prompts" in check.message
 
@@ -64,7 +68,7 @@ def test_e1_to_e5_pass_on_the_trained_weights(trained):
     assert all("padded sizes" in r.message for r in e3), "E3 must compare graphs with eager"
     for result in (check_e1(trained, inputs, config, decode_steps=3),
                    check_e2(trained, inputs, config), *e3,
-                   check_e4(trained, inputs, tol=Tolerance.for_dtype(torch.float32)),
+                   check_e4(trained, inputs, tol=Tolerance.for_dtype(torch.float32), kernels=AUTO),
                    check_e5(trained, inputs, config)):
         assert result.passed, f"{result.id}: {result.message}"
 
@@ -81,5 +85,5 @@ def test_e4_on_the_trained_weights_still_fails_a_reference_position_bug(trained,
 
     monkeypatch.setattr(model_module, "apply_rope", ahead)
     inputs = StepInputs.held_out_text([R(40)], seed=1)
-    result = check_e4(trained, inputs, tol=Tolerance.for_dtype(torch.float32))
+    result = check_e4(trained, inputs, tol=Tolerance.for_dtype(torch.float32), kernels=AUTO)
     assert not result.passed and "prefill_vs_decode.logits" in result.message

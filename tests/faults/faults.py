@@ -92,8 +92,8 @@ def _replay_batch_fault(edit):
     real = engine_mod.build_replay_batch
 
     def apply(mp):
-        def build(step, lens, args, cache):
-            rb = real(step, lens, args, cache)
+        def build(step, lens, args, cache, kernels):
+            rb = real(step, lens, args, cache, kernels)
             edit(rb, step, args)
             return rb
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -9,10 +10,22 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from swa_bench.kernels.config import interpreting
+from swa_bench.engine.config import triton_interpreting
+from swa_bench.kernels import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, make_metadata
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import ForwardContext, set_forward_context
+
+# The Triton kernels as this process runs them: interpreted on CPU (tests/conftest.py switches the
+# interpreter on), compiled on CUDA. The kernels' wrappers take it explicitly.
+TRITON = Kernels("triton", interpret=triton_interpreting())
+
+
+def on_kernels(kernels: Kernels) -> contextlib.AbstractContextManager[ForwardContext]:
+    """A forward context that carries only ``kernels``: model parts run outside an engine (a
+    block's mHC, an MoE, ``apply_rope``) read their kernels from it."""
+    return set_forward_context(ForwardContext(None, None, None, kernels))
 
 
 @pytest.fixture
@@ -24,7 +37,7 @@ def interpreter():
         if os.environ.get("CI", "").lower() not in ("", "0", "false"):
             pytest.fail("triton is missing and CI is set: the kernels' CPU tests must run in CI")
         pytest.skip("triton is not installed")
-    if torch.cuda.is_available() or not interpreting():
+    if torch.cuda.is_available() or not triton_interpreting():
         pytest.skip("the GPU runs the compiled kernels (tests marked cuda)")
 
 

@@ -9,6 +9,7 @@ import torch
 from swa_bench.kernels import hc_gains, hc_gated_pre, hc_post, hc_post_gated_pre, hc_pre
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model, sinkhorn, weighted_sum
+from tests.kernels.conftest import TRITON, on_kernels
 
 
 def problem(rows: int, dim: int, hc: int, dtype, device="cpu", seed=0):
@@ -41,24 +42,25 @@ def close(mine, theirs, dtype):
 def test_sums_match_the_torch_path(interpreter, hc, dtype):
     # 1100 columns: one full block and a masked tail; 5 rows.
     streams, out, pre, post, mix = problem(5, 1100, hc, dtype)
-    close(hc_pre(streams, pre), oracle_pre(streams, pre), dtype)
-    for mine, theirs in zip(hc_post(streams, out, post, mix),
+    close(hc_pre(TRITON, streams, pre), oracle_pre(streams, pre), dtype)
+    for mine, theirs in zip(hc_post(TRITON, streams, out, post, mix),
                             oracle_post(streams, out, post, mix), strict=True):
         close(mine, theirs, dtype)
 
 
 def test_a_rows_sum_does_not_depend_on_the_batch(interpreter):
     streams, out, pre, post, mix = problem(6, 300, 4, torch.float32)
-    whole = hc_post(streams, out, post, mix)
-    part = hc_post([s[2:4] for s in streams], out[2:4], post[2:4], mix)
+    whole = hc_post(TRITON, streams, out, post, mix)
+    part = hc_post(TRITON, [s[2:4] for s in streams], out[2:4], post[2:4], mix)
     for a, b in zip(whole, part, strict=True):
         assert torch.equal(a[2:4], b)
-    assert torch.equal(hc_pre(streams, pre)[2:4], hc_pre([s[2:4] for s in streams], pre[2:4]))
+    assert torch.equal(hc_pre(TRITON, streams, pre)[2:4],
+                       hc_pre(TRITON, [s[2:4] for s in streams], pre[2:4]))
 
 
 def test_model_takes_the_fused_sums_only_without_gradients(interpreter, monkeypatch):
-    """With the Triton backend forced, an inference forward runs the kernels and gives the
-    PyTorch path's logits up to rounding; a training forward keeps the PyTorch path."""
+    """On the Triton kernels, an inference forward runs the kernels and gives the PyTorch
+    path's logits up to rounding; a training forward keeps the PyTorch path."""
     import swa_bench.model.model as model_module
 
     args = PRESETS["tiny"].replace(hc_mult=4, max_seq_len=32)
@@ -71,14 +73,14 @@ def test_model_takes_the_fused_sums_only_without_gradients(interpreter, monkeypa
     calls = []
     real = model_module.hc_post
     monkeypatch.setattr(model_module, "hc_post", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
-    with torch.no_grad():
-        fused = train_forward(model, tokens).logits
-    assert len(calls) == 2 * args.n_layers
-    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
-    model.requires_grad_(True)
-    calls.clear()
-    train_forward(model, tokens).logits.sum().backward()
+    with on_kernels(TRITON):
+        with torch.no_grad():
+            fused = train_forward(model, tokens).logits
+        assert len(calls) == 2 * args.n_layers
+        torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+        model.requires_grad_(True)
+        calls.clear()
+        train_forward(model, tokens).logits.sum().backward()
     assert not calls
 
 
@@ -110,7 +112,7 @@ def assert_gains_close(mine, want, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gains_match_the_norm_and_the_linear(interpreter, hc, dtype):
     streams, norm_w, dyn_w = gains_problem(5, 1100, hc, dtype)
-    mine = hc_gains(streams, norm_w, dyn_w, 1e-6)
+    mine = hc_gains(TRITON, streams, norm_w, dyn_w, 1e-6)
     assert mine.dtype == torch.float32 and mine.shape == (5, 2 * hc)
     assert_gains_close(mine, oracle_gains(streams, norm_w, dyn_w, 1e-6), dtype)
 
@@ -121,14 +123,14 @@ def test_gates_are_the_sigmoids_of_the_gains(interpreter, dtype):
     the oracle's gains (rounded as the model rounds them)."""
     streams, norm_w, dyn_w = gains_problem(5, 1100, 4, dtype, seed=3)
     static = torch.randn(2, 4, generator=torch.Generator().manual_seed(4)).to(dtype)
-    mine = hc_gains(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]))
+    mine = hc_gains(TRITON, streams, norm_w, dyn_w, 1e-6, (static[0], static[1]))
     g = oracle_gains(streams, norm_w, dyn_w, 1e-6).double()
     want = torch.cat([torch.sigmoid(g[:, :4] + static[0].double()),
                       2 * torch.sigmoid(g[:, 4:] + static[1].double())], dim=1)
     assert_gains_close(mine, want.float(), dtype)
 
 
-def test_the_model_takes_the_fused_gates(interpreter, monkeypatch):
+def test_the_model_takes_the_fused_gates(interpreter):
     from swa_bench.model.model import HyperConnection
 
     args = PRESETS["tiny"].replace(hc_mult=4)
@@ -138,8 +140,8 @@ def test_the_model_takes_the_fused_gates(interpreter, monkeypatch):
         for p in hc.parameters():
             p.normal_()
         want_x, want_post = hc.pre(streams)
-        monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
-        mine_x, mine_post = hc.pre(streams)
+        with on_kernels(TRITON):
+            mine_x, mine_post = hc.pre(streams)
     assert_gains_close(mine_post, want_post, torch.float32)
     # Four streams of O(1) weighted by gates that agree to 2e-5: 1e-4 on the sum.
     torch.testing.assert_close(mine_x, want_x, rtol=1e-4, atol=1e-4)
@@ -149,13 +151,13 @@ def test_the_model_takes_the_fused_gates(interpreter, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gains_on_cuda(dtype):
     streams, norm_w, dyn_w = gains_problem(37, 5120, 4, dtype, device="cuda")
-    mine = hc_gains(streams, norm_w, dyn_w, 1e-6).cpu()
+    mine = hc_gains(TRITON, streams, norm_w, dyn_w, 1e-6).cpu()
     want = oracle_gains([s.cpu() for s in streams], norm_w.cpu(), dyn_w.cpu(), 1e-6)
     assert_gains_close(mine, want, dtype)
-    part = hc_gains([s[5:9] for s in streams], norm_w, dyn_w, 1e-6).cpu()
+    part = hc_gains(TRITON, [s[5:9] for s in streams], norm_w, dyn_w, 1e-6).cpu()
     assert torch.equal(mine[5:9], part)
     static = torch.randn(2, 4, device="cuda").to(dtype)
-    gates = hc_gains(streams, norm_w, dyn_w, 1e-6, (static[0], static[1])).cpu().double()
+    gates = hc_gains(TRITON, streams, norm_w, dyn_w, 1e-6, (static[0], static[1])).cpu().double()
     g, static = want.double(), static.cpu().double()
     assert_gains_close(gates[:, :4].float(), torch.sigmoid(g[:, :4] + static[0]).float(), dtype)
     assert_gains_close(gates[:, 4:].float(), (2 * torch.sigmoid(g[:, 4:] + static[1])).float(),
@@ -166,17 +168,17 @@ def test_gains_on_cuda(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_sums_on_cuda(dtype):
     streams, out, pre, post, mix = problem(37, 5120, 4, dtype, device="cuda")
-    close(hc_pre(streams, pre), oracle_pre(streams, pre), dtype)
-    for mine, theirs in zip(hc_post(streams, out, post, mix),
+    close(hc_pre(TRITON, streams, pre), oracle_pre(streams, pre), dtype)
+    for mine, theirs in zip(hc_post(TRITON, streams, out, post, mix),
                             oracle_post(streams, out, post, mix), strict=True):
         close(mine, theirs, dtype)
     empty = [s[:0] for s in streams]
-    assert hc_pre(empty, pre[:0]).shape == (0, 5120)
+    assert hc_pre(TRITON, empty, pre[:0]).shape == (0, 5120)
     streams, _, pre, _, _ = problem(300, 1024, 4, dtype, device="cuda")  # the norm folded
     weight = torch.rand(1024, device="cuda").add(0.5).to(dtype)
     want = torch.nn.functional.rms_norm(oracle_pre(streams, pre), (1024,), weight, 1e-6)
     tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}[dtype]  # two roundings
-    torch.testing.assert_close(hc_pre(streams, pre, (weight, 1e-6)).float(), want.float(),
+    torch.testing.assert_close(hc_pre(TRITON, streams, pre, (weight, 1e-6)).float(), want.float(),
                                rtol=tol, atol=tol)
 
 
@@ -190,11 +192,11 @@ def test_pre_folds_the_sublayers_norm(interpreter, dtype):
     weight = (torch.rand(200, generator=torch.Generator().manual_seed(3)) + 0.5).to(dtype)
     want = torch.nn.functional.rms_norm(oracle_pre(streams, pre), (200,), weight, 1e-6)
     tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}[dtype]
-    torch.testing.assert_close(hc_pre(streams, pre, (weight, 1e-6)).float(), want.float(),
+    torch.testing.assert_close(hc_pre(TRITON, streams, pre, (weight, 1e-6)).float(), want.float(),
                                rtol=tol, atol=tol)
     wide, _, pre_wide, _, _ = problem(2, 2048, 2, dtype)
     with pytest.raises(ValueError, match="at most"):
-        hc_pre(wide, pre_wide, (torch.ones(2048, dtype=dtype), 1e-6))
+        hc_pre(TRITON, wide, pre_wide, (torch.ones(2048, dtype=dtype), 1e-6))
 
 
 def oracle_gated_pre(streams, norm_w, dyn_w, static, norm):
@@ -221,7 +223,7 @@ def test_gated_pre_is_the_gates_then_the_sum_then_the_norm(interpreter, dtype, r
     g = torch.Generator().manual_seed(1)
     static = torch.randn(2, hc, generator=g).to(dtype)
     norm = ((torch.rand(dim, generator=g) + 0.5).to(dtype), 1e-6) if normed else None
-    x, post = hc_gated_pre(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
+    x, post = hc_gated_pre(TRITON, streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
     want_x, want_post = oracle_gated_pre(streams, norm_w, dyn_w, static, norm)
     assert_gains_close(post, want_post, dtype)
     # The gates agree to 2e-5 (fp32) or a bf16 step; their sum of four O(1) streams then
@@ -230,7 +232,7 @@ def test_gated_pre_is_the_gates_then_the_sum_then_the_norm(interpreter, dtype, r
     torch.testing.assert_close(x.float(), want_x.float(), rtol=tol, atol=tol)
     wide, norm_w, dyn_w = gains_problem(2, 2048, 2, dtype)
     with pytest.raises(ValueError, match="at most"):
-        hc_gated_pre(wide, norm_w, dyn_w, 1e-6, (static[0, :2], static[1, :2]))
+        hc_gated_pre(TRITON, wide, norm_w, dyn_w, 1e-6, (static[0, :2], static[1, :2]))
 
 
 @pytest.mark.cuda
@@ -242,14 +244,14 @@ def test_gated_pre_on_cuda(dtype):
         streams, norm_w, dyn_w = gains_problem(rows, dim, 4, dtype, device="cuda", seed=dim)
         static = torch.randn(2, 4, device="cuda").to(dtype)
         norm = (torch.rand(dim, device="cuda").add(0.5).to(dtype), 1e-6)
-        x, post = hc_gated_pre(streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
+        x, post = hc_gated_pre(TRITON, streams, norm_w, dyn_w, 1e-6, (static[0], static[1]), norm)
         want_x, want_post = oracle_gated_pre([s.cpu() for s in streams], norm_w.cpu(),
                                              dyn_w.cpu(), static.cpu(),
                                              (norm[0].cpu(), 1e-6))
         assert_gains_close(post.cpu(), want_post, dtype)
         tol = {torch.float32: 1e-4, torch.bfloat16: 2 ** -5}[dtype]
         torch.testing.assert_close(x.cpu().float(), want_x.float(), rtol=tol, atol=tol)
-        part_x, _ = hc_gated_pre([s[16:40] for s in streams], norm_w, dyn_w, 1e-6,
+        part_x, _ = hc_gated_pre(TRITON, [s[16:40] for s in streams], norm_w, dyn_w, 1e-6,
                                  (static[0], static[1]), norm)
         assert torch.equal(part_x, x[16:40])
 
@@ -264,7 +266,7 @@ def test_post_then_gated_pre_is_the_post_then_the_next_pre(interpreter, dtype, r
     g = torch.Generator().manual_seed(2)
     static = torch.randn(2, hc, generator=g).to(dtype)
     norm = ((torch.rand(dim, generator=g) + 0.5).to(dtype), 1e-6)
-    new, x, next_post = hc_post_gated_pre(streams, out, post, mix, norm_w, dyn_w, 1e-6,
+    new, x, next_post = hc_post_gated_pre(TRITON, streams, out, post, mix, norm_w, dyn_w, 1e-6,
                                           (static[0], static[1]), norm)
     want_new = oracle_post(streams, out, post, mix)
     for mine, theirs in zip(new, want_new, strict=True):
@@ -279,7 +281,7 @@ def test_post_then_gated_pre_is_the_post_then_the_next_pre(interpreter, dtype, r
 
 
 def test_the_block_takes_the_post_then_pre_kernel_for_narrow_rows(interpreter, monkeypatch):
-    """Forced to Triton, a block of the small preset's width fuses its attention post into its
+    """On the Triton kernels, a block of the small preset's width fuses its attention post into its
     feed-forward pre; V4.1's width (5120: over one program's row) keeps three launches."""
     from swa_bench.model import model as model_module
     from swa_bench.model.model import HyperConnection, RMSNorm
@@ -288,12 +290,11 @@ def test_the_block_takes_the_post_then_pre_kernel_for_narrow_rows(interpreter, m
     real = model_module.hc_post_gated_pre
     monkeypatch.setattr(model_module, "hc_post_gated_pre",
                         lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
     for dim, fused in ((256, True), (2048, False)):
         args = PRESETS["small"].replace(dim=dim)
         done, nxt, norm = HyperConnection(args), HyperConnection(args), RMSNorm(dim, 1e-6)
         streams, out, _, post, _ = problem(3, dim, 4, torch.float32)
-        with torch.no_grad():
+        with torch.no_grad(), on_kernels(TRITON):
             new, x, next_post = done.post_then_pre(tuple(streams), out, post, nxt, norm)
         assert len(new) == 4 and x.shape == (3, dim) and next_post.shape == (3, 4)
         assert bool(calls) == fused
@@ -309,7 +310,7 @@ def test_post_then_gated_pre_on_cuda(dtype):
     _, norm_w, dyn_w = gains_problem(104, 256, 4, dtype, device="cuda", seed=4)
     static = torch.randn(2, 4, device="cuda").to(dtype)
     norm = (torch.rand(256, device="cuda").add(0.5).to(dtype), 1e-6)
-    new, x, next_post = hc_post_gated_pre(streams, out, post, mix, norm_w, dyn_w, 1e-6,
+    new, x, next_post = hc_post_gated_pre(TRITON, streams, out, post, mix, norm_w, dyn_w, 1e-6,
                                           (static[0], static[1]), norm)
     cpu = [s.cpu() for s in streams]
     want_new = oracle_post(cpu, out.cpu(), post.cpu(), mix.cpu())

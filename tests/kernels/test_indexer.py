@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from swa_bench.bench.flops import count_flops
-from swa_bench.kernels import config as kernel_config
 from swa_bench.kernels.indexer import BLOCK_M, index_score_flops, index_scores_fused
 from swa_bench.model.sparse_attention import index_scores, visible_positions
+from tests.kernels.conftest import TRITON
 
 
 def problem(rows, n, heads, d, dtype, device="cpu", seed=0):
@@ -45,7 +45,7 @@ CASES = [(70, 150, 3, 32, 0, 1), (70, 150, 3, 24, 100, 1), (70, 300, 2, 32, 530,
 @pytest.mark.parametrize(("rows", "n", "heads", "d", "first", "ratio"), CASES)
 def test_fp32_scores_are_the_exact_sum(interpreter, rows, n, heads, d, first, ratio):
     q, w, k = problem(rows, n, heads, d, torch.float32)
-    mine = index_scores_fused(q, w, k, first, ratio)
+    mine = index_scores_fused(TRITON, q, w, k, first, ratio)
     assert_scores_close(mine, oracle(q, w, k, first, ratio), rtol=1e-5, atol=1e-5)
 
 
@@ -55,7 +55,7 @@ def test_bf16_scores_are_at_least_as_close_as_the_torch_path(interpreter):
     path, whose error sets the tolerance the checks allow."""
     q, w, k = problem(70, 150, 4, 32, torch.bfloat16)
     want = oracle(q, w, k, 0, 1)
-    mine = index_scores_fused(q, w, k, 0, 1)
+    mine = index_scores_fused(TRITON, q, w, k, 0, 1)
     assert_scores_close(mine, want, rtol=1e-5, atol=1e-4)
     theirs = index_scores(q, w, k).masked_fill(torch.isinf(want), float("-inf"))
     seen = ~torch.isinf(want)
@@ -76,7 +76,7 @@ def test_the_flop_formula_counts_the_pairs_the_kernel_computes(rows, n, first, r
         pairs += len(block) * reach
     assert index_score_flops(rows, first, n, ratio, heads, d) == pairs * heads * (2 * d + 2)
     q, w, k = (t.to("meta") for t in problem(rows, n, heads, d, torch.float32))
-    assert count_flops(lambda: index_scores_fused(q, w, k, first, ratio)) == (
+    assert count_flops(lambda: index_scores_fused(TRITON, q, w, k, first, ratio)) == (
         pairs * heads * (2 * d + 2))
 
 
@@ -84,8 +84,10 @@ def test_the_sparse_model_selects_the_same_positions_through_the_kernel(interpre
                                                                        monkeypatch):
     """A sparse full-batch step's selections with the fused scores (Triton backend) equal the
     PyTorch path's: fp32 random weights leave no near-ties at this size."""
+    from swa_bench.engine.config import EngineConfig
     from swa_bench.engine.engine import Engine
     from swa_bench.engine.step_inputs import StepInputs
+    from swa_bench.kernels import KernelSettings
     from swa_bench.model import sparse_attention
     from swa_bench.model.args import PRESETS
     from swa_bench.model.model import build_model
@@ -98,13 +100,12 @@ def test_the_sparse_model_selects_the_same_positions_through_the_kernel(interpre
                               RequestSpec(prompt_len=2 * w, cached_len=w + 3)], args.vocab_size, 1)
     calls = []
     monkeypatch.setattr(sparse_attention, "index_scores_fused",
-                        lambda *a: calls.append(a[0].shape) or index_scores_fused(*a))
+                        lambda *a: calls.append(a[1].shape) or index_scores_fused(*a))
     selections = {}
     for backend in ("torch", "triton"):
-        engine = Engine(model)
+        engine = Engine(model, EngineConfig(kernels=KernelSettings(backend)))
         load.fill_context(engine)
-        with kernel_config.forced(backend):
-            out = engine.reference_step(load.requests, load.step_tokens)
+        out = engine.reference_step(load.requests, load.step_tokens)
         selections[backend] = out.context.index_selection
     assert calls, "the Triton backend did not score through the kernel"
     mine, theirs = selections["triton"], selections["torch"]
@@ -121,9 +122,10 @@ def test_scores_on_cuda(dtype, rows, n, heads, d, first, ratio):
     """Against the float64 oracle, and batch-invariant: a row's scores are bitwise the same in
     any launch (the interpreter's numpy dots do not promise that; the GPU's MMA does)."""
     q, w, k = problem(rows, n, heads, d, dtype, device="cuda")
-    mine = index_scores_fused(q, w, k, first, ratio).cpu()
+    mine = index_scores_fused(TRITON, q, w, k, first, ratio).cpu()
     rtol, atol = (1e-5, 1e-4 * d ** 0.5) if dtype == torch.float32 else (1e-4, 1e-3 * d ** 0.5)
     assert_scores_close(mine, oracle(q.cpu(), w.cpu(), k.cpu(), first, ratio), rtol, atol)
-    whole = index_scores_fused(q, w, k, first, ratio)
+    whole = index_scores_fused(TRITON, q, w, k, first, ratio)
     for a, b in ((3, 9), (BLOCK_M, rows), (rows - 1, rows)):
-        assert torch.equal(whole[a:b], index_scores_fused(q[a:b], w[a:b], k, first + a, ratio))
+        part = index_scores_fused(TRITON, q[a:b], w[a:b], k, first + a, ratio)
+        assert torch.equal(whole[a:b], part)

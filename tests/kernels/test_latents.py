@@ -12,11 +12,13 @@ import torch
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import TORCH_KERNELS
 from swa_bench.kernels.latents import fused_latents, norm_latents
 from swa_bench.model import model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model, rope_table
 from swa_bench.model.requests import RequestSpec
+from tests.kernels.conftest import TRITON
 
 THETA = 10000.0
 # Two roundings to the dtype (the norm's, then the rotation's) and fp32's last bits of the
@@ -44,7 +46,7 @@ def oracle(h, q_dim, q_w, kv_w, eps, positions, rope_dim, max_len):
 
 def run(h, q_dim, q_w, kv_w, eps, positions, rope_dim, max_len, keep_latent=True):
     cos, sin = rope_table(h.device, rope_dim, THETA, max_len)
-    return norm_latents(h, q_dim, (q_w, eps), (kv_w, eps), positions.to(h.device), cos, sin,
+    return norm_latents(TRITON, h, q_dim, (q_w, eps), (kv_w, eps), positions.to(h.device), cos, sin,
                         rope_dim, keep_latent=keep_latent)
 
 
@@ -117,11 +119,11 @@ def test_the_model_takes_the_kernel_for_inference_only(interpreter, monkeypatch)
         attn.wkv.weight.mul_(2)
     assert torch.equal(attn.stacked_latent_weight()[args.q_lora_rank:], attn.wkv.weight)
     assert torch.equal(before[args.q_lora_rank:] * 2, attn.wkv.weight)
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
     x = torch.randn(5, args.dim)
-    assert fused_latents(x, args.q_lora_rank, args.head_dim)
+    assert fused_latents(TRITON, x, args.q_lora_rank, args.head_dim)
+    assert not fused_latents(TORCH_KERNELS, x, args.q_lora_rank, args.head_dim)
     with torch.enable_grad():
-        assert not fused_latents(x.requires_grad_(True), args.q_lora_rank, args.head_dim)
+        assert not fused_latents(TRITON, x.requires_grad_(True), args.q_lora_rank, args.head_dim)
 
 
 @pytest.mark.cuda

@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swa_bench.kernels import Kernels, KernelSettings
 from swa_bench.kernels import launch as launch_module
 from swa_bench.kernels.launch import launch, specialization
+from tests.kernels.conftest import TRITON
 
 
 class Compiled:
@@ -50,7 +52,6 @@ class Driver:
 
 @pytest.fixture
 def compiled_path(monkeypatch):
-    monkeypatch.setattr(launch_module, "interpreting", lambda: False)
     monkeypatch.setattr(launch_module, "_driver", lambda: Driver())
     monkeypatch.setattr(launch_module, "launch_hooks", lambda: False)
     monkeypatch.setattr(launch_module, "_COMPILED", {})
@@ -59,9 +60,9 @@ def compiled_path(monkeypatch):
 def test_a_specialisation_is_bound_once_then_launched_directly(compiled_path):
     kernel = Kernel()
     x = torch.zeros(64)
-    launch(kernel, (3,), x, 32, 1e-6, BLOCK=128, FLAG=True, num_warps=4)
+    launch(kernel, (3,), x, 32, 1e-6, direct=True, BLOCK=128, FLAG=True, num_warps=4)
     assert len(kernel.slow) == 1 and not kernel.fast
-    launch(kernel, (5, 2), x, 48, 2e-6, BLOCK=128, FLAG=True, num_warps=4)
+    launch(kernel, (5, 2), x, 48, 2e-6, direct=True, BLOCK=128, FLAG=True, num_warps=4)
     assert len(kernel.slow) == 1
     assert kernel.fast == [(5, 2, 1, 77, "fn", "meta", None, None, None, x, 48, 2e-6, 128, True)]
 
@@ -71,7 +72,7 @@ def test_what_triton_specialises_on_starts_a_new_entry(compiled_path, change):
     kernel = Kernel()
     x = torch.zeros(64)
     call = dict(args=[x, 32, 1e-6], kwargs=dict(BLOCK=128, FLAG=True, num_warps=4))
-    launch(kernel, (1,), *call["args"], **call["kwargs"])
+    launch(kernel, (1,), *call["args"], direct=True, **call["kwargs"])
     if change == "unaligned":
         call["args"][0] = x[1:]
     elif change == "dtype":
@@ -82,26 +83,27 @@ def test_what_triton_specialises_on_starts_a_new_entry(compiled_path, change):
         call["kwargs"]["BLOCK"] = 256
     else:
         call["kwargs"]["num_warps"] = 8
-    launch(kernel, (1,), *call["args"], **call["kwargs"])
+    launch(kernel, (1,), *call["args"], direct=True, **call["kwargs"])
     assert len(kernel.slow) == 2 and not kernel.fast
 
 
 def test_triton_s_path_on_request_and_with_hooks(compiled_path, monkeypatch):
-    """``SWA_BENCH_TRITON_LAUNCH=triton`` and a registered launch hook take Triton's path on
-    every call; a bad value is refused. Triton's hook chains count as hooks only when filled."""
+    """The ``triton`` launch mode (or the interpreter: ``Kernels.direct_launch`` false) and a
+    registered launch hook take Triton's path on every call; a bad mode is refused. Triton's
+    hook chains count as hooks only when filled."""
     kernel = Kernel()
     x = torch.zeros(64)
-    monkeypatch.setenv("SWA_BENCH_TRITON_LAUNCH", "triton")
+    assert not Kernels("triton", launch="triton").direct_launch
+    assert not Kernels("triton", interpret=True).direct_launch
+    assert Kernels("triton").direct_launch
     for _ in range(2):
-        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
+        launch(kernel, (1,), x, 32, 1e-6, direct=False, BLOCK=128, FLAG=True)
     assert len(kernel.slow) == 2 and not kernel.fast
-    monkeypatch.setenv("SWA_BENCH_TRITON_LAUNCH", "fast")
     with pytest.raises(ValueError, match="SWA_BENCH_TRITON_LAUNCH"):
-        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
-    monkeypatch.delenv("SWA_BENCH_TRITON_LAUNCH")
+        KernelSettings.parse(launch="fast", names={"launch": "SWA_BENCH_TRITON_LAUNCH"})
     monkeypatch.setattr(launch_module, "launch_hooks", lambda: True)
     for _ in range(2):
-        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128, FLAG=True)
+        launch(kernel, (1,), x, 32, 1e-6, direct=True, BLOCK=128, FLAG=True)
     assert len(kernel.slow) == 4 and not kernel.fast
     monkeypatch.undo()
     from triton import knobs
@@ -120,7 +122,7 @@ def test_a_positional_constexpr_keys_by_value_and_a_missing_keyword_is_never_cac
     x = torch.zeros(64)
     assert specialization(kernel, [x, 32, 1e-6, 128]) != specialization(kernel, [x, 32, 1e-6, 64])
     for _ in range(2):
-        launch(kernel, (1,), x, 32, 1e-6, BLOCK=128)  # FLAG left to its default
+        launch(kernel, (1,), x, 32, 1e-6, direct=True, BLOCK=128)  # FLAG left to its default
     assert len(kernel.slow) == 2 and not kernel.fast
 
 
@@ -137,7 +139,7 @@ def test_the_direct_launch_computes_what_tritons_path_computes():
     for h in (flat[:-1].view(9, 600), flat[1:].view(9, 600)):  # 16-byte aligned, then not
         want = F.silu(h[:, :300]) * h[:, 300:]
         for _ in range(3):
-            torch.testing.assert_close(silu_mul(h), want, rtol=2e-6, atol=2e-6)
+            torch.testing.assert_close(silu_mul(TRITON, h), want, rtol=2e-6, atol=2e-6)
     entered = {key[2][0] for key in launch_module._COMPILED
                if key[0] is triton_moe.silu_mul_kernel}
     assert {(torch.float32, True), (torch.float32, False)} <= entered  # both alignments

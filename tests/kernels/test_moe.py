@@ -13,6 +13,7 @@ from swa_bench.kernels.moe import expert_gemm, moe_combine, moe_route, moe_sort,
 from swa_bench.model import model as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import MoE
+from tests.kernels.conftest import TRITON, on_kernels
 
 
 def routed_outputs(tokens, k, dim, experts, dtype, device="cpu", seed=0):
@@ -51,14 +52,14 @@ TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2 ** -6}
 
 def test_combine_is_the_per_token_sum(interpreter):
     y, order, weights = routed_outputs(9, 3, 1100, 5, torch.float32)  # 1100: a masked tail
-    assert torch.equal(moe_combine(y, order, weights), oracle_combine(y, order, weights))
+    assert torch.equal(moe_combine(TRITON, y, order, weights), oracle_combine(y, order, weights))
     into = torch.full((12, 1100), 7.0)
-    moe_combine(y, order, weights, out=into[2:11])
+    moe_combine(TRITON, y, order, weights, out=into[2:11])
     assert torch.equal(into[2:11], oracle_combine(y, order, weights))
     assert bool((into[:2] == 7).all() and (into[11:] == 7).all())
     y, order, weights = routed_outputs(9, 3, 1100, 5, torch.bfloat16)
     tol = TOLERANCE[torch.bfloat16]
-    torch.testing.assert_close(moe_combine(y, order, weights).float(),
+    torch.testing.assert_close(moe_combine(TRITON, y, order, weights).float(),
                                oracle_combine(y, order, weights).float(), rtol=tol, atol=tol)
 
 
@@ -68,8 +69,8 @@ def test_combine_adds_the_shared_experts_as_the_torch_sum_does(interpreter, dtyp
     path's ``routed + shared``."""
     y, order, weights = routed_outputs(9, 3, 1100, 5, dtype, seed=4)
     shared = torch.randn(9, 1100, generator=torch.Generator().manual_seed(5)).to(dtype)
-    routed = moe_combine(y, order, weights)  # itself checked against the oracle above
-    mine = moe_combine(y, order, weights, shared=shared)
+    routed = moe_combine(TRITON, y, order, weights)  # itself checked against the oracle above
+    mine = moe_combine(TRITON, y, order, weights, shared=shared)
     if dtype == torch.float32:
         assert torch.equal(mine, routed + shared)
         return
@@ -95,7 +96,7 @@ def test_route_is_the_sigmoid_top_k_normalised(interpreter, rows, experts, k, dt
     highest scores, highest first, the lower index first among equal ones, and the weights to
     fp32 rounding."""
     logits = (2 * torch.randn(rows, experts, generator=torch.Generator().manual_seed(6))).to(dtype)
-    chosen, weights = moe_route(logits, k)
+    chosen, weights = moe_route(TRITON, logits, k)
     want_chosen, want_weights = oracle_route(logits, k)
     assert chosen.dtype == torch.long and weights.dtype == torch.float32
     assert torch.equal(chosen, want_chosen)
@@ -111,7 +112,7 @@ def test_route_with_the_gate_is_the_route_of_the_gates_logits(interpreter, rows,
     g = torch.Generator().manual_seed(dim)
     x = torch.randn(rows, dim, generator=g).to(dtype)
     gate = (torch.randn(experts, dim, generator=g) * dim ** -0.5).to(dtype)
-    chosen, weights = moe_route(x, 3, gate)
+    chosen, weights = moe_route(TRITON, x, 3, gate)
     want_chosen, want_weights = oracle_route((x.double() @ gate.double().T).to(dtype), 3)
     assert torch.equal(chosen, want_chosen)
     tol = 1e-6 if dtype == torch.float32 else 1e-2  # a logit one bf16 step off
@@ -122,10 +123,10 @@ def test_dense_expert_gemm_is_every_rows_swiglu(interpreter):
     """Without an order (the shared experts): one weight for every row in order."""
     pairs, order, ends, x, w13, w2 = expert_problem(37, 1, 1, 96, 40, torch.float32)
     want_a, _ = oracle_experts(x, pairs, order, 1, w13, w2)
-    a = expert_gemm(x, w13, None, None, swiglu=True)
+    a = expert_gemm(TRITON, x, w13, None, None, swiglu=True)
     torch.testing.assert_close(a.double(), want_a, rtol=2e-6, atol=2e-6)
     with pytest.raises(ValueError, match="one weight"):
-        expert_gemm(x, torch.cat([w13, w13]), None, None, swiglu=True)
+        expert_gemm(TRITON, x, torch.cat([w13, w13]), None, None, swiglu=True)
 
 
 def oracle_sort(experts, n_experts):
@@ -147,11 +148,11 @@ def test_sort_is_the_stable_order_by_expert(interpreter, tokens, k, n_experts, m
     experts = torch.stack([torch.randperm(n_experts, generator=g)[:k] for _ in range(tokens)])
     experts = experts % max(k, n_experts // 3)  # a third of the experts at most: empty groups
     want_order, want_ends = oracle_sort(experts, n_experts)
-    order, ends = moe_sort(experts, n_experts)
+    order, ends = moe_sort(TRITON, experts, n_experts)
     assert order.dtype == torch.long and ends.dtype == torch.int32
     assert torch.equal(order, want_order) and torch.equal(ends, want_ends)
     monkeypatch.setattr(moe_kernels, "SORT_PAIRS", experts.numel() - 1)
-    order, ends = moe_sort(experts, n_experts)
+    order, ends = moe_sort(TRITON, experts, n_experts)
     assert torch.equal(order, want_order) and torch.equal(ends, want_ends)
 
 
@@ -160,7 +161,8 @@ def test_silu_mul_is_the_torch_swiglu(interpreter, dtype):
     h = torch.randn(7, 2 * 1100, generator=torch.Generator().manual_seed(1)).to(dtype)
     g, u = h.chunk(2, dim=-1)
     tol = TOLERANCE[dtype]
-    torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(silu_mul(TRITON, h).float(), (F.silu(g) * u).float(), rtol=tol,
+                               atol=tol)
 
 
 def test_the_moe_takes_the_kernels_for_inference_only(interpreter, monkeypatch):
@@ -177,13 +179,14 @@ def test_the_moe_takes_the_kernels_for_inference_only(interpreter, monkeypatch):
         real = model_module.moe_combine
         monkeypatch.setattr(model_module, "moe_combine",
                             lambda *a: calls.append(1) or real(*a))
-        monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
-        mine = moe(x)
+        with on_kernels(TRITON):
+            mine = moe(x)
     assert len(calls) == 3
     torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-5)
     calls.clear()
     moe.requires_grad_(True)
-    moe(x.requires_grad_(True)).sum().backward()
+    with on_kernels(TRITON):
+        moe(x.requires_grad_(True)).sum().backward()
     assert not calls
 
 
@@ -235,8 +238,8 @@ def test_expert_gemm_is_the_per_pair_product(interpreter, dtype):
     k = 2
     pairs, order, ends, x, w13, w2 = expert_problem(37, k, 5, 96, 40, dtype, unrouted=(2,))
     assert int(ends[2] - ends[1]) == 0
-    a = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
-    y = expert_gemm(a, w2, ends, order, scatter=True)
+    a = expert_gemm(TRITON, x, w13, ends, order, top_k=k, swiglu=True)
+    y = expert_gemm(TRITON, a, w2, ends, order, scatter=True)
     want_a, want_y = oracle_experts(x, pairs, order, k, w13, w2)
     tol = {torch.float32: 2e-6, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(a.double(), want_a, rtol=tol, atol=tol)
@@ -252,12 +255,12 @@ def test_expert_gemm_rows_past_the_last_group_are_zero_and_rows_are_batch_invari
     routed = int(ends[-1])
     short_ends = ends.clone()
     short_ends[-1] = ends[-2]  # the last expert's rows now lie past every group
-    a = expert_gemm(x, w13, short_ends, order, top_k=k, swiglu=True)
+    a = expert_gemm(TRITON, x, w13, short_ends, order, top_k=k, swiglu=True)
     assert bool((a[int(ends[-2]):routed] == 0).all()) and bool(a[: int(ends[-2])].abs().sum() > 0)
-    full = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
+    full = expert_gemm(TRITON, x, w13, ends, order, top_k=k, swiglu=True)
     x2 = x.clone()
     x2[1::2] = torch.randn(x2[1::2].shape, generator=torch.Generator().manual_seed(5))
-    other = expert_gemm(x2, w13, ends, order, top_k=k, swiglu=True)
+    other = expert_gemm(TRITON, x2, w13, ends, order, top_k=k, swiglu=True)
     same = (order // k) % 2 == 0
     assert torch.equal(full[same], other[same]) and not torch.equal(full, other)
 
@@ -270,19 +273,19 @@ def test_expert_gemm_on_cuda(dtype):
         k = 2
         pairs, order, ends, x, w13, w2 = expert_problem(tokens, k, experts, dim, inter, dtype,
                                                         "cuda")
-        a = expert_gemm(x, w13, ends, order, top_k=k, swiglu=True)
-        y = expert_gemm(a, w2, ends, order, scatter=True)
+        a = expert_gemm(TRITON, x, w13, ends, order, top_k=k, swiglu=True)
+        y = expert_gemm(TRITON, a, w2, ends, order, scatter=True)
         want_a, want_y = oracle_experts(x.cpu(), pairs.cpu(), order.cpu(), k, w13.cpu(),
                                         w2.cpu())
         tol = {torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
         torch.testing.assert_close(a.cpu().double(), want_a, rtol=tol, atol=tol)
         torch.testing.assert_close(y.cpu().double(), want_y, rtol=tol, atol=tol)
-        dense = expert_gemm(x, w13[:1], None, None, swiglu=True)  # the shared experts' form
+        dense = expert_gemm(TRITON, x, w13[:1], None, None, swiglu=True)  # the shared experts' form
         want_dense, _ = oracle_experts(x.cpu(), torch.zeros(tokens, dtype=torch.long),
                                        torch.arange(tokens), 1, w13[:1].cpu(), w2[:1].cpu())
         torch.testing.assert_close(dense.cpu().double(), want_dense, rtol=tol, atol=tol)
         gate = w2[:, :, 0].contiguous()  # [experts, dim]: a gate in the routing launch
-        chosen, _ = moe_route(x, k, gate)
+        chosen, _ = moe_route(TRITON, x, k, gate)
         logits = (x.cpu().double() @ gate.cpu().double().T).to(dtype)
         agree = (chosen.cpu() == oracle_route(logits, k)[0]).all(1).float().mean()
         assert agree > 0.99  # near-ties may pick the other expert at the logits' last bit
@@ -292,23 +295,24 @@ def test_expert_gemm_on_cuda(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_moe_kernels_on_cuda(dtype):
     y, order, weights = routed_outputs(300, 6, 5120, 384, dtype, device="cuda")
-    mine = moe_combine(y, order, weights)
+    mine = moe_combine(TRITON, y, order, weights)
     want = oracle_combine(y.cpu(), order.cpu(), weights.cpu())
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(mine.cpu().float(), want.float(), rtol=tol, atol=tol)
     shared = torch.randn(300, 5120, device="cuda").to(dtype)
-    assert torch.equal(moe_combine(y, order, weights, shared=shared), mine + shared)
+    assert torch.equal(moe_combine(TRITON, y, order, weights, shared=shared), mine + shared)
     # On bf16's grid in either dtype: distinct logits lie far apart for fp32 sigmoids, equal
     # ones tie exactly, so the expected experts are not a matter of the exponential's last bit.
     logits = torch.randn(5000, 384, device="cuda").to(torch.bfloat16).to(dtype)
-    chosen, route_weights = moe_route(logits, 6)
+    chosen, route_weights = moe_route(TRITON, logits, 6)
     want_chosen, want_weights = oracle_route(logits.cpu(), 6)
     assert torch.equal(chosen.cpu(), want_chosen)
     torch.testing.assert_close(route_weights.cpu().double(), want_weights, rtol=1e-6, atol=1e-6)
     chosen = chosen[:600] % 97  # 3600 pairs: the one-program sort's largest size, ties
-    order, ends = moe_sort(chosen, 384)
+    order, ends = moe_sort(TRITON, chosen, 384)
     want_order, want_ends = oracle_sort(chosen.cpu(), 384)
     assert torch.equal(order.cpu(), want_order) and torch.equal(ends.cpu(), want_ends)
     h = torch.randn(333, 2 * 2304, device="cuda").to(dtype)
     g, u = h.chunk(2, dim=-1)
-    torch.testing.assert_close(silu_mul(h).float(), (F.silu(g) * u).float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(silu_mul(TRITON, h).float(), (F.silu(g) * u).float(), rtol=tol,
+                               atol=tol)

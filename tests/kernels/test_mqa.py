@@ -3,12 +3,21 @@ Triton's interpreter and on CUDA compiled; its FLOP formula against torch's coun
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from swa_bench.checks.tolerance import Tolerance
-from swa_bench.kernels import TileConfig, attention_backend, mqa_attention, mqa_attention_flops
+from swa_bench.kernels import (
+    TORCH_KERNELS,
+    Kernels,
+    KernelSettings,
+    TileConfig,
+    mqa_attention,
+    mqa_attention_flops,
+)
 from swa_bench.kernels.config import TILE_CANDIDATES
 from swa_bench.model.args import PRESETS
 from swa_bench.model.attention import (
@@ -22,7 +31,7 @@ from swa_bench.model.sparse_attention import (
     sparse_static_attention,
     sparse_varlen_attention,
 )
-from tests.kernels.conftest import attention_problem
+from tests.kernels.conftest import TRITON, attention_problem, on_kernels
 
 ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8, H = 4, D = 32
 # Odd lengths; a continuation whose window reaches into the ring across the W boundary; a
@@ -36,13 +45,14 @@ def global_sources(args) -> list[GlobalKV]:
             GlobalKV(args.kv_sources[0], ratio=args.compress_ratio)]
 
 
-def run(fn, problem, *extra, backend: str, monkeypatch):
-    """``fn`` on a fresh copy of the problem's caches (the kernels write the ring)."""
-    monkeypatch.setenv("SWA_BENCH_KERNELS", backend)
+def run(fn, problem, *extra, backend: str):
+    """``fn`` on ``backend``'s kernels, on a fresh copy of the problem's caches (the kernels
+    write the ring)."""
     ring = [r.clone() for r in problem.cache.ring]
     try:
-        return fn(problem.q, problem.kv, problem.meta, problem.cache, 0, *extra[:1], problem.sink,
-                  *extra[1:])
+        with on_kernels(TRITON if backend == "triton" else TORCH_KERNELS):
+            return fn(problem.q, problem.kv, problem.meta, problem.cache, 0, *extra[:1],
+                      problem.sink, *extra[1:])
     finally:
         for mine, saved in zip(problem.cache.ring, ring, strict=True):
             mine.copy_(saved)
@@ -67,43 +77,37 @@ def random_selection(meta, ratio: int, top_k: int, gen) -> torch.Tensor:
     return out
 
 
-def dense_cases(problem, monkeypatch, dtype):
+def dense_cases(problem, dtype):
     for global_kv in global_sources(problem.args):
-        torch_out = run(varlen_attention, problem, global_kv, backend="torch",
-                        monkeypatch=monkeypatch)
-        varlen = run(varlen_attention, problem, global_kv, backend="triton",
-                     monkeypatch=monkeypatch)
-        static = run(static_attention, problem, global_kv, backend="triton",
-                     monkeypatch=monkeypatch)
+        torch_out = run(varlen_attention, problem, global_kv, backend="torch")
+        varlen = run(varlen_attention, problem, global_kv, backend="triton")
+        static = run(static_attention, problem, global_kv, backend="triton")
         assert_close(varlen, torch_out, dtype)
         assert torch.equal(static, varlen), "FULL graphs must replay eager's bits"
 
 
-def sparse_cases(problem, monkeypatch, dtype, top_k: int):
+def sparse_cases(problem, dtype, top_k: int):
     gen = torch.Generator().manual_seed(1)
     for global_kv in global_sources(problem.args)[1:]:
         selection = random_selection(problem.meta, global_kv.ratio, top_k, gen)
         selection = selection.to(problem.q.device)
-        torch_out = run(sparse_varlen_attention, problem, global_kv, selection, backend="torch",
-                        monkeypatch=monkeypatch)
-        varlen = run(sparse_varlen_attention, problem, global_kv, selection, backend="triton",
-                     monkeypatch=monkeypatch)
-        static = run(sparse_static_attention, problem, global_kv, selection, backend="triton",
-                     monkeypatch=monkeypatch)
+        torch_out = run(sparse_varlen_attention, problem, global_kv, selection, backend="torch")
+        varlen = run(sparse_varlen_attention, problem, global_kv, selection, backend="triton")
+        static = run(sparse_static_attention, problem, global_kv, selection, backend="triton")
         assert_close(varlen, torch_out, dtype)
         assert torch.equal(static, varlen)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dense_attention_kernel_matches_the_torch_path(interpreter, monkeypatch, dtype):
+def test_dense_attention_kernel_matches_the_torch_path(interpreter, dtype):
     problem = attention_problem(ARGS, REQUESTS, pad=3, dtype=dtype)
-    dense_cases(problem, monkeypatch, dtype)
+    dense_cases(problem, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sparse_attention_kernel_matches_the_torch_path(interpreter, monkeypatch, dtype):
+def test_sparse_attention_kernel_matches_the_torch_path(interpreter, dtype):
     problem = attention_problem(ARGS, REQUESTS, pad=2, dtype=dtype)
-    sparse_cases(problem, monkeypatch, dtype, top_k=20)  # 20 > visible for most rows
+    sparse_cases(problem, dtype, top_k=20)  # 20 > visible for most rows
 
 
 @pytest.mark.parametrize("tile", [TileConfig(16, 16, 4, 1), TileConfig(32, 0, 4, 1)])
@@ -118,7 +122,7 @@ def test_gathered_kernel_matches_torch_for_every_tile(interpreter, tile):
     idx_a[3], idx_b[3] = -1, -1
     sink = torch.randn(5, generator=gen)
     sources = [(kv_a, idx_a), (kv_b, idx_b)]
-    out = mqa_attention(q, sink, 0.2, sources, tile=tile)
+    out = mqa_attention(dataclasses.replace(TRITON, tile=tile), q, sink, 0.2, sources)
     assert_close(out, gathered_attention(q, sources, sink, 0.2), torch.float32)
     assert torch.equal(out[3], torch.zeros_like(out[3]))
 
@@ -130,8 +134,8 @@ def test_a_rows_result_does_not_depend_on_the_batch(interpreter):
     kv = torch.randn(30, 32, generator=gen)
     idx = torch.randint(-1, 30, (6, 23), generator=gen)
     sink = torch.randn(4, generator=gen)
-    whole = mqa_attention(q, sink, 0.3, [(kv, idx)])
-    assert torch.equal(mqa_attention(q[2:5], sink, 0.3, [(kv, idx[2:5])]), whole[2:5])
+    whole = mqa_attention(TRITON, q, sink, 0.3, [(kv, idx)])
+    assert torch.equal(mqa_attention(TRITON, q[2:5], sink, 0.3, [(kv, idx[2:5])]), whole[2:5])
 
 
 def test_flop_formula_counts_what_the_torch_path_counts(interpreter):
@@ -143,35 +147,34 @@ def test_flop_formula_counts_what_the_torch_path_counts(interpreter):
     with FlopCounterMode(display=False) as torch_count:
         gathered_attention(q, sources, sink, 0.1)
     with FlopCounterMode(display=False) as kernel_count:
-        mqa_attention(q, sink, 0.1, sources)
+        mqa_attention(TRITON, q, sink, 0.1, sources)
     assert kernel_count.get_total_flops() == torch_count.get_total_flops()
     assert kernel_count.get_total_flops() == mqa_attention_flops(9, 4, 32, 8 + 5)
 
 
-def test_dense_kernel_counts_each_rows_window_and_visible_prefix(interpreter, monkeypatch):
+def test_dense_kernel_counts_each_rows_window_and_visible_prefix(interpreter):
     problem = attention_problem(ARGS, REQUESTS, pad=3)
     visible = sum(lay.q_first_pos + r + 1 for lay in problem.meta.layouts for r in range(lay.q_len))
     rows = problem.q.shape[0]
     for fn in (varlen_attention, static_attention):
         with FlopCounterMode(display=False) as count:
-            run(fn, problem, GlobalKV(ARGS.last_kv_source), backend="triton",
-                monkeypatch=monkeypatch)
+            run(fn, problem, GlobalKV(ARGS.last_kv_source), backend="triton")
         h, d = ARGS.n_heads, ARGS.head_dim
         # One launch over every row: padded rows run their (masked) window blocks too.
         assert count.get_total_flops() == 4 * h * d * (rows * ARGS.window + visible)
 
 
-def test_a_step_of_padded_rows_only_reads_nothing(interpreter, monkeypatch):
+def test_a_step_of_padded_rows_only_reads_nothing(interpreter):
     """A graph's capture runs on a step with no request: every source, both kernels, zeros."""
     problem = attention_problem(ARGS, [], pad=4)
     for global_kv in global_sources(ARGS):
         for fn in (varlen_attention, static_attention):
-            out = run(fn, problem, global_kv, backend="triton", monkeypatch=monkeypatch)
+            out = run(fn, problem, global_kv, backend="triton")
             assert torch.equal(out, torch.zeros_like(out))
         if global_kv.source is not None:
             none = torch.full((4, 8), -1, dtype=torch.long)
             for fn in (sparse_varlen_attention, sparse_static_attention):
-                out = run(fn, problem, global_kv, none, backend="triton", monkeypatch=monkeypatch)
+                out = run(fn, problem, global_kv, none, backend="triton")
                 assert torch.equal(out, torch.zeros_like(out))
 
 
@@ -183,15 +186,22 @@ def test_causal_key_total_is_the_sum_of_visible_counts(ratio):
             assert causal_key_total(first, rows, ratio) == brute
 
 
-def test_backend_override_is_validated(monkeypatch):
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "cudnn")
+def test_backend_choice_is_validated_and_resolved_per_device():
+    """A backend that is not one is refused naming where it was written; auto is PyTorch on a
+    CPU (interpreter or not) and Triton on CUDA; triton on a CPU needs the interpreter."""
     with pytest.raises(ValueError, match="SWA_BENCH_KERNELS"):
-        attention_backend(torch.device("cpu"))
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "torch")
-    assert attention_backend(torch.device("cpu")) == "torch"
-    monkeypatch.delenv("SWA_BENCH_KERNELS")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert attention_backend(torch.device("cpu")) == "torch"
+        KernelSettings.parse("cudnn", names={"backend": "SWA_BENCH_KERNELS"})
+    with pytest.raises(ValueError, match="backend"):
+        KernelSettings("cudnn")
+    assert KernelSettings.parse("torch").resolve("cpu", interpret=True).backend == "torch"
+    assert KernelSettings().resolve("cpu", interpret=False) == TORCH_KERNELS
+    assert KernelSettings().resolve("cpu", interpret=True).backend == "torch"
+    with pytest.raises(ValueError, match="triton needs CUDA"):
+        KernelSettings("triton").resolve("cpu", interpret=False)
+    pytest.importorskip("triton")
+    assert KernelSettings().resolve("cuda", interpret=False).backend == "triton"
+    assert KernelSettings("triton").resolve("cpu", interpret=True) == Kernels("triton",
+                                                                               interpret=True)
 
 
 def test_kernels_skip_the_custom_op_outside_a_dispatch_mode():
@@ -210,8 +220,10 @@ def test_kernels_skip_the_custom_op_outside_a_dispatch_mode():
 @pytest.mark.parametrize("text", ["32,0,8", "a,b,c,d", "24,0,8,1", "16,-5,8,1", "16,24,8,1",
                                   "16,0,0,1", "16,0,3,1", "16,0,8,0"])
 def test_tile_config_rejects_bad_text(text):
-    with pytest.raises(ValueError, match="SWA_BENCH_MQA_TILE"):
-        TileConfig.parse(text)
+    with pytest.raises(ValueError, match="^SWA_BENCH_MQA_TILE: "):
+        TileConfig.parse(text, "SWA_BENCH_MQA_TILE")
+    with pytest.raises(ValueError, match="^(expected|block|num)"):
+        TileConfig.parse(text, "")
 
 
 def test_tile_config_takes_every_candidate():
@@ -219,23 +231,19 @@ def test_tile_config_takes_every_candidate():
         assert TileConfig.parse(tile.label()) == tile
 
 
-def test_default_tile_fits_each_dtype(monkeypatch):
+def test_default_tile_fits_each_dtype():
     """64-key blocks only where they fit the shared memory (16-bit keys): fp32 at 64 keys asked
-    for 272 KiB on the H200 and failed to launch."""
-    from swa_bench.kernels.config import (
-        CAUSAL_RANGE_TILE,
-        FP32_TILE,
-        GATHERED_TILE,
-        _env_tile,
-        tile_config,
-    )
+    for 272 KiB on the H200 and failed to launch. A chosen tile replaces every default."""
+    from swa_bench.kernels.config import CAUSAL_RANGE_TILE, FP32_TILE, GATHERED_TILE
 
-    monkeypatch.delenv("SWA_BENCH_MQA_TILE", raising=False)
-    _env_tile.cache_clear()
-    assert tile_config(True, torch.bfloat16) == CAUSAL_RANGE_TILE
-    assert tile_config(False, torch.bfloat16) == GATHERED_TILE
-    assert tile_config(True, torch.float32) == tile_config(False, torch.float32) == FP32_TILE
+    auto = TRITON
+    assert auto.tile_for(True, torch.bfloat16) == CAUSAL_RANGE_TILE
+    assert auto.tile_for(False, torch.bfloat16) == GATHERED_TILE
+    assert auto.tile_for(True, torch.float32) == auto.tile_for(False, torch.float32) == FP32_TILE
     assert FP32_TILE.block_n == 32 and FP32_TILE.num_stages == 1
+    chosen = dataclasses.replace(auto, tile=TileConfig(16, 0, 4, 1))
+    assert {chosen.tile_for(c, d) for c in (True, False) for d in (torch.bfloat16, torch.float32)
+            } == {TileConfig(16, 0, 4, 1)}
 
 
 # --- compiled kernels on the GPU ----------------------------------------------------------------
@@ -248,16 +256,16 @@ GPU_REQUESTS = [(0, 777), (300, 129), (1000, 1)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dense_kernel_on_cuda(monkeypatch, dtype):
+def test_dense_kernel_on_cuda(dtype):
     problem = attention_problem(GPU_ARGS, GPU_REQUESTS, pad=5, dtype=dtype, device="cuda")
-    dense_cases(problem, monkeypatch, dtype)
+    dense_cases(problem, dtype)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_sparse_kernel_on_cuda(monkeypatch, dtype):
+def test_sparse_kernel_on_cuda(dtype):
     problem = attention_problem(GPU_ARGS, GPU_REQUESTS, pad=5, dtype=dtype, device="cuda")
-    sparse_cases(problem, monkeypatch, dtype, top_k=GPU_ARGS.index_topk)
+    sparse_cases(problem, dtype, top_k=GPU_ARGS.index_topk)
 
 
 @pytest.mark.cuda
@@ -269,10 +277,11 @@ def test_gathered_kernel_tiles_on_cuda(tile):
     idx = torch.randint(-1, 4000, (301, 640), device="cuda", generator=gen)
     idx[7] = -1
     sink = torch.randn(64, device="cuda", generator=gen)
-    out = mqa_attention(q, sink, 512**-0.5, [(kv, idx)], tile=tile)
+    kernels = dataclasses.replace(TRITON, tile=tile)
+    out = mqa_attention(kernels, q, sink, 512**-0.5, [(kv, idx)])
     assert_close(out, gathered_attention(q, [(kv, idx)], sink, 512**-0.5), torch.bfloat16)
     assert torch.equal(out[7], torch.zeros_like(out[7]))
-    assert torch.equal(mqa_attention(q[100:103], sink, 512**-0.5, [(kv, idx[100:103])], tile=tile),
+    assert torch.equal(mqa_attention(kernels, q[100:103], sink, 512**-0.5, [(kv, idx[100:103])]),
                        out[100:103])
 
 
@@ -287,7 +296,7 @@ def test_kernel_replays_in_a_cuda_graph():
     sink = torch.randn(64, device="cuda", generator=gen)
 
     def call():
-        return mqa_attention(q, sink, 0.05, [(kv, idx)], (kv, start, count, 0))
+        return mqa_attention(TRITON, q, sink, 0.05, [(kv, idx)], (kv, start, count, 0))
 
     eager = call()
     torch.cuda.synchronize()

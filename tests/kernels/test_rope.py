@@ -12,6 +12,7 @@ import torch
 from swa_bench.kernels.rope import rope_
 from swa_bench.model import model as model_module
 from swa_bench.model.model import apply_rope, rope_table
+from tests.kernels.conftest import TRITON, on_kernels
 
 # One rounding to the dtype apart: the interpreter rounds to bf16 by truncation (the GPU to
 # nearest), and a fused multiply-add may differ from two roundings in fp32's last bit.
@@ -34,7 +35,7 @@ def oracle(x: torch.Tensor, positions: torch.Tensor, rope_dim: int, max_len: int
 
 def rotate(x, positions, rope_dim, max_len=64):
     cos, sin = rope_table(x.device, rope_dim, THETA, max_len)
-    return rope_(x, positions.to(x.device), cos, sin, rope_dim)
+    return rope_(TRITON, x, positions.to(x.device), cos, sin, rope_dim)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,23 +65,25 @@ def test_rows_rotate_independently_in_place(interpreter):
 
 
 def test_apply_rope_takes_the_kernel_for_inference_only(interpreter, monkeypatch):
-    """Forced to Triton: an inference ``apply_rope`` runs the kernel (in place or on a copy) and
-    gives the PyTorch path's result up to rounding; with a gradient it keeps the PyTorch path."""
+    """On the Triton kernels: an inference ``apply_rope`` runs the kernel (in place or on a copy)
+    and gives the PyTorch path's result up to rounding; with a gradient it keeps the PyTorch
+    path. Without a forward context (the training forward's) it is the PyTorch path."""
     x = torch.randn(7, 3, 16, generator=torch.Generator().manual_seed(4))
     positions = torch.tensor([0, 1, 2, 9, 30, 31, 63])
     want = apply_rope(x, positions, 8, THETA, 64)
     calls = []
     real = model_module.rope_
     monkeypatch.setattr(model_module, "rope_", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
-    copy = apply_rope(x, positions, 8, THETA, 64)
-    torch.testing.assert_close(copy, want, rtol=2e-6, atol=2e-6)
-    fresh = x.clone()
-    assert apply_rope(fresh, positions, 8, THETA, 64, inplace=True) is fresh
-    assert torch.equal(fresh, copy) and len(calls) == 2
-    calls.clear()
-    leaf = x.clone().requires_grad_(True)
-    apply_rope(leaf, positions, 8, THETA, 64).sum().backward()
+    assert not calls
+    with on_kernels(TRITON):
+        copy = apply_rope(x, positions, 8, THETA, 64)
+        torch.testing.assert_close(copy, want, rtol=2e-6, atol=2e-6)
+        fresh = x.clone()
+        assert apply_rope(fresh, positions, 8, THETA, 64, inplace=True) is fresh
+        assert torch.equal(fresh, copy) and len(calls) == 2
+        calls.clear()
+        leaf = x.clone().requires_grad_(True)
+        apply_rope(leaf, positions, 8, THETA, 64).sum().backward()
     assert not calls and leaf.grad is not None
 
 

@@ -11,7 +11,7 @@ import torch
 from swa_bench.kernels import window_index_rows
 from swa_bench.model.args import PRESETS
 from swa_bench.model.attention import window_index
-from tests.kernels.conftest import attention_problem
+from tests.kernels.conftest import TRITON, attention_problem, on_kernels
 
 ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8
 # A cold prefill, a continuation reading the ring across the window boundary, a one-row decode,
@@ -36,7 +36,7 @@ def oracle(meta, ring_rows, window):
 
 
 def kernel_index(meta, ring_rows, window):
-    return window_index_rows(meta.positions, meta.row_request, meta.kv_first_pos,
+    return window_index_rows(TRITON, meta.positions, meta.row_request, meta.kv_first_pos,
                              meta.kv_row_start, meta.cache_index, meta.window_start, ring_rows,
                              window)
 
@@ -59,9 +59,9 @@ def test_the_model_takes_the_kernel_on_the_triton_backend(interpreter, monkeypat
     problem = attention_problem(ARGS, REQUESTS, pad=3)
     window_index(problem.meta, 40, ARGS.window)
     assert not calls
-    monkeypatch.setenv("SWA_BENCH_KERNELS", "triton")
     problem = attention_problem(ARGS, REQUESTS, pad=3)  # a fresh metadata: nothing derived yet
-    got = window_index(problem.meta, 40, ARGS.window)
+    with on_kernels(TRITON):
+        got = window_index(problem.meta, 40, ARGS.window)
     assert calls and torch.equal(got, oracle(problem.meta, 40, ARGS.window))
 
 

@@ -9,6 +9,7 @@ from swa_bench.checks.equivalence import check_e1, check_e2, check_e3, check_e4
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import KernelSettings
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
 
@@ -57,7 +58,7 @@ def test_the_indexer_narrows_attention(tiny_args, indexed):
 
 def test_e4_with_the_indexer(indexed):
     load = StepInputs.seeded([RequestSpec(prompt_len=30)], indexed.args.vocab_size, 4)
-    result = check_e4(indexed, load, tol=TOL)
+    result = check_e4(indexed, load, tol=TOL, kernels=KernelSettings())
     assert result.passed, result.message
 
 

@@ -11,6 +11,7 @@ from swa_bench.checks.oracle import expect_for
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import KernelSettings
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
@@ -136,7 +137,7 @@ def test_layers_share_expert_storage_round_robin(sparse_model):
 
 def test_e4_on_the_sparse_preset(sparse_model):
     load = StepInputs.seeded([RequestSpec(prompt_len=30)], ARGS.vocab_size, 4)
-    result = check_e4(sparse_model, load, tol=TOL)
+    result = check_e4(sparse_model, load, tol=TOL, kernels=KernelSettings())
     assert result.passed, result.message
 
 

@@ -12,6 +12,7 @@ from swa_bench.checks.oracle import bounded_reference_metadata, expect_for
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, run_forward
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import TORCH_KERNELS, KernelSettings
 from swa_bench.model.forward_context import ForwardContext, get_forward_context
 from swa_bench.model.requests import RequestSpec
 from swa_bench.replay.replay_batch import ReplayBatch, build_replay_batch
@@ -20,11 +21,13 @@ TOL = Tolerance.for_dtype(torch.float32)
 
 
 def forward(model, step, cache, replay_batch=None):
-    """One eager forward of ``step`` on ``cache``, on ``replay_batch`` when given."""
+    """One eager forward of ``step`` on ``cache`` and the PyTorch kernels, on ``replay_batch``
+    when given."""
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
         cache=cache,
+        kernels=TORCH_KERNELS,
         replay_batch=replay_batch,
     )
     return run_forward(model, step, ctx)
@@ -63,7 +66,8 @@ def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload)
     assert expected.replays and expected.trims, expected.reason
     result = check_e2(tiny_model, workload, halo, tol=TOL)
     assert result.passed, result.message
-    metrics = approximation(tiny_model, workload, continuation_steps=tiny_model.args.window)
+    metrics = approximation(tiny_model, workload, continuation_steps=tiny_model.args.window,
+                            kernels=KernelSettings())
     assert metrics.logits_max_abs > 1e-3, "bounded replay must visibly differ from full prefill"
     assert max(metrics.window_kv_rel_error) > 1e-3
     assert len(metrics.window_kv_rel_error) == tiny_model.args.n_decoder_layers
@@ -98,7 +102,7 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch)
     load.fill_context(engine)
     step = engine.prepare(load.requests, load.step_tokens)
     replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args,
-                                      engine.cache)
+                                      engine.cache, TORCH_KERNELS)
     expected_rows = [0, *range(1 + 4 * w - w, 1 + 4 * w), *range(1 + 4 * w, 1 + 4 * w + w - 2)]
     assert replay_batch.rows.tolist() == expected_rows
 
@@ -137,8 +141,8 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
     reference = Engine(tiny_model)
     reference.cache.copy_from(engine.cache)
     step = engine.prepare(workload.requests, workload.step_tokens)
-    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_model.args,
-                                      engine.cache)
+    replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests),
+                                      tiny_model.args, engine.cache, TORCH_KERNELS)
     first = replay_batch.forward_context.layer_metadata[s]
     kept = replay_batch.forward_context.attn_metadata
     wrong = dataclasses.replace(
@@ -167,7 +171,7 @@ def test_trimmed_rows_write_no_ring_slot(tiny_model, workload, tiny_args):
     workload.fill_context(engine)
     step = engine.prepare(workload.requests, workload.step_tokens)
     replay_batch = build_replay_batch(step, engine.policy_kept_lens(step.requests), tiny_args,
-                                      engine.cache)
+                                      engine.cache, TORCH_KERNELS)
     trash = tiny_args.max_requests * w
     first = replay_batch.forward_context.layer_metadata[tiny_args.last_kv_source]
     kept = set(expect_for(engine, step.requests).rows)
@@ -198,7 +202,7 @@ def test_e1_holds_when_attention_runs_in_many_query_chunks(tiny_model, workload,
     assert result.passed, result.message
     e2 = check_e2(tiny_model, workload, EngineConfig(policy="halo"), tol=TOL)
     assert e2.passed, e2.message
-    e4 = check_e4(tiny_model, workload, tol=TOL)
+    e4 = check_e4(tiny_model, workload, tol=TOL, kernels=KernelSettings())
     assert e4.passed, e4.message
 
 

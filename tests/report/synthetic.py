@@ -13,6 +13,7 @@ from swa_bench.results import (
     CaseTiming,
     CheckResult,
     Diagnostic,
+    KernelRecord,
     RunResults,
     ThresholdAdvice,
     TimingStats,
@@ -162,3 +163,12 @@ def clean_run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, see
             replay=timing_stats(base.replay.median_ms * scale, samples=samples, noise=noise,
                                 rng=rng))
     return results
+
+
+def with_kernels(results: RunResults, **changes) -> RunResults:
+    """``results`` with every case recording the interpreted Triton kernels, ``changes`` over."""
+    out = results.model_copy(deep=True)
+    for case in out.cases:
+        case.kernels = KernelRecord(**{"backend": "triton", "tile": "auto", "launch": "direct",
+                                       "interpret": True, **changes})
+    return out

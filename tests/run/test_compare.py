@@ -12,7 +12,7 @@ from rich.console import Console
 from swa_bench.compare import compare_runs
 from swa_bench.results import RunResults, save_results
 from swa_bench.run.compare import compare_command
-from tests.report.synthetic import clean_run
+from tests.report.synthetic import clean_run, with_kernels
 
 
 def _dirs(tmp_path: Path, baseline: RunResults, current: RunResults) -> tuple[Path, Path]:
@@ -189,3 +189,14 @@ def test_any_run_folders_output_is_refused_but_a_compare_md(tmp_path, capsys):
     console, _ = _console()
     assert compare_command(base_dir, cur_dir, out=base_dir / "compare.md", console=console) == 0
     assert (base_dir / "compare.md").read_text().startswith("# swa-bench compare")
+
+
+
+def test_the_command_fails_on_other_kernels_unless_allowed(tmp_path, capsys):
+    baseline = with_kernels(clean_run())
+    base, cur = _dirs(tmp_path, baseline, with_kernels(baseline, backend="torch"))
+    quiet = Console(file=io.StringIO())
+    assert compare_command(base, cur, console=quiet) == 1
+    assert "NOT COMPARABLE" in (cur / "compare.md").read_text()
+    assert compare_command(base, cur, console=quiet, allow_config_change=True) == 0
+    assert "A/B: kernels differ (backend triton -&gt; torch)" in (cur / "compare.md").read_text()

@@ -12,6 +12,7 @@ from rich.console import Console
 from swa_bench.bench.flops import count_flops
 from swa_bench.engine.engine import run_forward
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.kernels import TORCH_KERNELS
 from swa_bench.model.args import PRESETS
 from swa_bench.model.batch import build_step
 from swa_bench.model.forward_context import ForwardContext
@@ -77,8 +78,9 @@ def spec_path(prompt_len: int, policy: str, mode: str, eager_threshold: int):
 def flops_of(model, cache, inputs: StepInputs, size, kept, mode) -> int:
     step = build_step(inputs.requests, inputs.step_tokens, [0, 1], ARGS, "cpu", pad_to=size,
                       logit_slots=None if size is None else ARGS.max_requests)
-    replay_batch = None if kept is None else build_replay_batch(step, kept, ARGS, cache)
-    ctx = ForwardContext(step.metadata, step.logits_indices, cache,
+    replay_batch = (None if kept is None
+                    else build_replay_batch(step, kept, ARGS, cache, TORCH_KERNELS))
+    ctx = ForwardContext(step.metadata, step.logits_indices, cache, TORCH_KERNELS,
                          replay_batch=replay_batch,
                          attention_backend="static" if size and mode == "full" else "varlen")
     return count_flops(lambda: run_forward(model, step, ctx))

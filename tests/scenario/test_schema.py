@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
+from swa_bench.kernels import KernelSettings, TileConfig
 from swa_bench.model.args import PRESETS
 from swa_bench.model.requests import RequestSpec
 from swa_bench.scenario import (
@@ -14,6 +15,7 @@ from swa_bench.scenario import (
     ScenarioError,
     default_capture_sizes,
     default_scenario_path,
+    expand_cases,
     load_scenario,
     scenario_from_text,
 )
@@ -47,6 +49,27 @@ def test_resolution_follows_the_model_window():
                                   "checks: {approximation: {continuation_steps: 20}}\n")
     assert explicit.resolved_trim_threshold() == 40
     assert explicit.continuation_steps() == 20
+
+
+def test_the_kernels_section_is_over_the_environments_default(monkeypatch):
+    """Each key of ``kernels:`` replaces the environment's value of that setting alone; neither
+    set: auto, the measured tiles, the direct launch. Sweepable like any field."""
+    for variable in ("SWA_BENCH_KERNELS", "SWA_BENCH_MQA_TILE", "SWA_BENCH_TRITON_LAUNCH"):
+        monkeypatch.delenv(variable, raising=False)
+    assert scenario_from_text(MINIMAL).kernel_settings() == KernelSettings()
+    monkeypatch.setenv("SWA_BENCH_KERNELS", "torch")
+    monkeypatch.setenv("SWA_BENCH_MQA_TILE", "32,0,8,1")
+    assert scenario_from_text(MINIMAL).kernel_settings() == KernelSettings(
+        "torch", TileConfig(32, 0, 8, 1))
+    chosen = scenario_from_text(MINIMAL + "kernels: {backend: triton, launch: triton}\n")
+    assert chosen.kernel_settings() == KernelSettings("triton", TileConfig(32, 0, 8, 1), "triton")
+    tiled = scenario_from_text(MINIMAL + 'kernels: {backend: auto, tile: "16,0,4,1"}\n')
+    assert tiled.kernel_settings() == KernelSettings("auto", TileConfig(16, 0, 4, 1))
+    swept = expand_cases(scenario_from_text(
+        MINIMAL + "sweep: {grid: {kernels.backend: [torch, triton]}}\n", "s.yaml"))
+    assert [c.scenario.kernel_settings().backend for c in swept] == ["torch", "triton"]
+    assert [c.label() for c in swept] == ["eager/bounded/T=20/backend=torch",
+                                          "eager/bounded/T=20/backend=triton"]
 
 
 def test_default_capture_sizes_are_vllms_list():
@@ -137,6 +160,11 @@ BAD = [
     ("trim_threshold: 8\n", "trim_threshold", "W=8"),
     ("checks: {approximation: {continuation_steps: 7}}\n",
      "checks.approximation.continuation_steps", "W=8"),
+    ("kernels: {backend: cuda}\n", "kernels.backend", "'triton'"),
+    ("kernels: {tile: '64,0,8'}\n", "kernels.tile", "expected 4 integers"),
+    ("kernels: {tile: '64,0,3,1'}\n", "kernels.tile", "num_warps must be"),
+    ("kernels: {launch: fast}\n", "kernels.launch", "'direct'"),
+    ("kernels: {precision: fp8}\n", "kernels.precision", "unknown key"),
     ("sweep: {grid: {policy: []}}\n", "sweep.grid.policy", "empty"),
     ("sweep: {zip: [{}]}\n", "sweep.zip[0]", "empty"),
 ]
