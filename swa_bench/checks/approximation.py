@@ -45,8 +45,8 @@ def measure(
     bounded, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align),
-        EngineConfig(policy="full"),
+        EngineConfig.for_model(model.args, policy=policy, halo_align=halo_align),
+        EngineConfig.for_model(model.args, policy="full"),
     )
     idx = workload.cache_indices
     out = bounded.step(workload.requests, workload.step_tokens, idx)
@@ -94,8 +94,8 @@ def check_first_decoder_kv(
     replay, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align),
-        EngineConfig(policy="full"),
+        EngineConfig.for_model(model.args, policy=policy, halo_align=halo_align),
+        EngineConfig.for_model(model.args, policy="full"),
     )
     idx = workload.cache_indices
     replay.step(workload.requests, workload.step_tokens, idx)

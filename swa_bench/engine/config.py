@@ -1,56 +1,108 @@
 """How an engine runs steps: the replay policy, the graph mode and their thresholds.
 
-One frozen value per configuration: the runner caches engines by it and the checks build engines
-from it, so a configuration is spelled once.
+One frozen value per configuration, every field set: the runner caches engines by it and the checks
+build engines from it, so a configuration is spelled once. The defaults and the rules live here
+once: ``EngineConfig.for_model`` fills what a caller leaves out (the scenario resolves its file
+through it too), ``EngineConfig`` itself only asserts, and the scenario's validation reports the
+same rules (``trim_threshold_problem``, ``capture_sizes_problem``) against the fields they name.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-from swa_bench.graphs.capture_sizes import check_capture_sizes, default_capture_sizes
+from swa_bench.graphs.capture_sizes import capture_sizes_problem, default_capture_sizes
+from swa_bench.model.args import ModelArgs
 from swa_bench.replay.row_selection import Policy
 
 GraphMode = Literal["eager", "piecewise", "full"]
 GRAPH_MODES: tuple[GraphMode, ...] = ("eager", "piecewise", "full")
 
+# Every engine default, once: ``EngineConfig.for_model`` and the scenario's fields take these.
+DEFAULT_POLICY: Policy = "bounded"
+DEFAULT_GRAPH_MODE: GraphMode = "eager"
+DEFAULT_EAGER_TRIM_THRESHOLD = 0  # eager steps replay whatever their size
+DEFAULT_MAX_CAPTURE_SIZE = 512  # vLLM's
+DEFAULT_HALO_ALIGN = 1  # the halo unrounded
+
+
+def trim_threshold_problem(threshold: int, window: int) -> str | None:
+    """The rule on ``trim_threshold``: nothing trims at or below W, so a threshold there would
+    send steps to a replay batch that keeps every row."""
+    if threshold <= window:
+        return f"must exceed the model window W={window}, got {threshold}"
+    return None
+
+
+def default_trim_threshold(window: int) -> int:
+    """W + 1: the smallest padded size that can trim."""
+    return window + 1
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     """``trim_threshold``: PIECEWISE graphs of this padded size or more run the decoder on a
-    replay batch (None: W + 1, the smallest that can trim). ``eager_trim_threshold``: eager steps
-    below this many tokens never replay. ``capture_sizes`` (None: vLLM's defaults up to
-    ``max_capture_size``) are the padded sizes graphs are captured at. ``halo_align`` rounds the
-    halo up (vLLM #57281 uses 512: 2414 -> 2560)."""
+    replay batch. ``eager_trim_threshold``: eager steps below this many tokens never replay.
+    ``capture_sizes`` are the padded sizes graphs are captured at. ``halo_align`` rounds the halo
+    up (vLLM #57281 uses 512: 2414 -> 2560). Complete by construction (``for_model``); an
+    invalid value raises here, and ``check`` holds the rules that need the model's window."""
 
-    policy: Policy = "bounded"
-    graph_mode: GraphMode = "eager"
-    trim_threshold: int | None = None
-    eager_trim_threshold: int = 0
-    capture_sizes: tuple[int, ...] | None = None
-    max_capture_size: int = 512
-    halo_align: int = 1
+    policy: Policy
+    graph_mode: GraphMode
+    trim_threshold: int
+    eager_trim_threshold: int
+    capture_sizes: tuple[int, ...]
+    halo_align: int
 
-    def resolved(self, window: int) -> EngineConfig:
-        """Every default filled in and checked against the model's window."""
-        sizes = self.capture_sizes
-        if sizes is None:
-            sizes = tuple(default_capture_sizes(self.max_capture_size))
-        check_capture_sizes(sizes)
-        threshold = window + 1 if self.trim_threshold is None else self.trim_threshold
-        if self.graph_mode == "piecewise" and threshold <= window:
-            raise ValueError(f"trim_threshold ({threshold}) must exceed W ({window})")
-        return dataclasses.replace(self, trim_threshold=threshold, capture_sizes=tuple(sizes))
+    def __post_init__(self) -> None:
+        if self.policy not in get_args(Policy):
+            raise ValueError(f"policy: must be one of {get_args(Policy)}, got {self.policy!r}")
+        if self.graph_mode not in GRAPH_MODES:
+            raise ValueError(f"graph_mode: must be one of {GRAPH_MODES}, got {self.graph_mode!r}")
+        if not isinstance(self.capture_sizes, tuple):
+            raise ValueError(f"capture_sizes: must be a tuple, got {self.capture_sizes!r}")
+        if problem := capture_sizes_problem(self.capture_sizes):
+            raise ValueError(f"capture_sizes: {problem}")
+        if self.eager_trim_threshold < 0:
+            raise ValueError(f"eager_trim_threshold: must be >= 0, got {self.eager_trim_threshold}")
+        if self.halo_align < 1:
+            raise ValueError(f"halo_align: must be >= 1, got {self.halo_align}")
 
-    def reference(self) -> EngineConfig:
+    @classmethod
+    def for_model(
+        cls,
+        args: ModelArgs,
+        *,
+        policy: Policy = DEFAULT_POLICY,
+        graph_mode: GraphMode = DEFAULT_GRAPH_MODE,
+        trim_threshold: int | None = None,
+        eager_trim_threshold: int = DEFAULT_EAGER_TRIM_THRESHOLD,
+        capture_sizes: Sequence[int] | None = None,
+        max_capture_size: int = DEFAULT_MAX_CAPTURE_SIZE,
+        halo_align: int = DEFAULT_HALO_ALIGN,
+    ) -> EngineConfig:
+        """The complete configuration for ``args``'s model: the only place the defaults live.
+        ``trim_threshold`` None: W + 1; ``capture_sizes`` None: vLLM's up to
+        ``max_capture_size`` (which plays no other part)."""
+        if capture_sizes is None:
+            capture_sizes = default_capture_sizes(max_capture_size)
+        if trim_threshold is None:
+            trim_threshold = default_trim_threshold(args.window)
+        return cls(policy=policy, graph_mode=graph_mode, trim_threshold=trim_threshold,
+                   eager_trim_threshold=eager_trim_threshold, capture_sizes=tuple(capture_sizes),
+                   halo_align=halo_align).check(args.window)
+
+    def check(self, window: int) -> EngineConfig:
+        """``self``, once the rules that need the model's window hold (raises otherwise)."""
+        if problem := trim_threshold_problem(self.trim_threshold, window):
+            raise ValueError(f"trim_threshold: {problem}")
+        return self
+
+    def reference(self, args: ModelArgs) -> EngineConfig:
         """The reference path in the same graph mode: policy full, replay settings at their
         defaults (they play no part when nothing replays), so one reference serves every
         policy and threshold of a mode."""
-        return EngineConfig(
-            policy="full",
-            graph_mode=self.graph_mode,
-            capture_sizes=self.capture_sizes,
-            max_capture_size=self.max_capture_size,
-        )
+        return EngineConfig.for_model(args, policy="full", graph_mode=self.graph_mode,
+                                      capture_sizes=self.capture_sizes)
