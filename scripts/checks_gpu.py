@@ -48,12 +48,13 @@ def run(label, check, model, tokens, expect_pass=True, **kw):
     inputs = StepInputs.seeded([RequestSpec(prompt_len=tokens)], model.args.vocab_size, 0)
     t0 = time.time()
     if check == "E1":
-        r = equivalence.check_e1(model, inputs, EngineConfig(policy="bounded"),
+        r = equivalence.check_e1(model, inputs, EngineConfig.for_model(model.args),
                                  decode_steps=kw.get("decode_steps", 2 * model.args.window))
     elif check == "E2":
-        r = equivalence.check_e2(model, inputs, EngineConfig(policy="halo"))
+        r = equivalence.check_e2(model, inputs,
+                                     EngineConfig.for_model(model.args, policy="halo"))
     else:
-        r = equivalence.check_e5(model, inputs, EngineConfig(policy="bounded"))
+        r = equivalence.check_e5(model, inputs, EngineConfig.for_model(model.args))
     ok = r.passed == expect_pass
     verdict = ("PASS" if r.passed else "FAIL") + ("" if ok else "  <-- UNEXPECTED")
     row = f"| {label} | {check} | {verdict} | {time.time() - t0:.0f}s | {r.message[:400]} |"

@@ -55,11 +55,11 @@ def main() -> None:
         requests = [RequestSpec(prompt_len=48)] * 2 + [RequestSpec(prompt_len=25, decode=True)] * 8
         what, tag = "mixed step", ""
     inputs = StepInputs.seeded(requests, args.vocab_size, 0)
-    config = EngineConfig(policy="bounded", graph_mode="eager", trim_threshold=64,
+    config = EngineConfig.for_model(args, policy="bounded", graph_mode="eager", trim_threshold=64,
                           capture_sizes=(8, 16, 32, 64, 128, 256))
     lines = [f"{preset} eager {what} ({sum(r.query_len for r in requests)} tokens) on {dev}"]
     steps = {}
-    for name, cfg in (("reference", config.reference()), ("replay", config)):
+    for name, cfg in (("reference", config.reference(args)), ("replay", config)):
         engine = Engine(model, cfg)
         inputs.fill_context(engine)
         steps[name] = lambda e=engine: e.step(inputs.requests, inputs.step_tokens,

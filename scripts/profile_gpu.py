@@ -54,11 +54,11 @@ def main() -> None:
     model, _ = build_model(args, seed=0, device=dev, dtype=torch.bfloat16)
     requests = [RequestSpec(prompt_len=tokens)]
     inputs = StepInputs.seeded(requests, args.vocab_size, 0)
-    config = EngineConfig(policy="bounded", graph_mode="eager", trim_threshold=768,
+    config = EngineConfig.for_model(args, policy="bounded", graph_mode="eager", trim_threshold=768,
                           eager_trim_threshold=0, capture_sizes=(tokens,),
                           max_capture_size=tokens, halo_align=1)
     lines = []
-    for name, cfg in (("reference", config.reference()), ("replay", config)):
+    for name, cfg in (("reference", config.reference(args)), ("replay", config)):
         engine = Engine(model, cfg)
         inputs.fill_context(engine)
         step = lambda e=engine: e.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)  # noqa: E731

@@ -1,13 +1,13 @@
 """The ``swa-bench`` command line.
 
-Commands that act on results (run, check, report, compare) import their implementation lazily, so
+This module parses arguments and maps errors to exit codes, once (``_OneLineErrors``); the
+command bodies live under ``swa_bench.run`` (and ``report``, ``compare``), imported lazily, so
 ``validate`` needs nothing beyond the scenario package. Bad input is one line on stderr and exit
 code 2 (``FILE: path.to.field: message``), never a traceback, reported before any work starts.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -63,8 +63,9 @@ _NoArgsIsHelp = getattr(click_exceptions, "NoArgsIsHelpError", ())
 
 
 class _OneLineErrors(TyperGroup):
-    """Usage errors (unknown flag, bad flag value) as one stderr line with exit 2, like scenario
-    errors, instead of a multi-line panel: CI logs and wrappers grep for that one line."""
+    """Every error a user can cause as one stderr line and its exit code, in one place: usage
+    errors (unknown flag, bad flag value) and bad input from a command body (``_user_errors``)
+    exit 2, an interrupted run 130. CI logs and wrappers grep for that one line."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -83,6 +84,12 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.ClickException as err:
             _say_error(f"swa-bench: {err.format_message()}")
             sys.exit(err.exit_code)
+        except _user_errors() as err:
+            _say_error(str(err))
+            sys.exit(getattr(err, "code", 2))
+        except _interrupted() as err:
+            _say_error(str(err))
+            sys.exit(130)
         except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a run: nothing to keep
             _say_error("swa-bench: interrupted")
             sys.exit(130)
@@ -132,12 +139,20 @@ MaxCases = Annotated[
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    """Exceptions that mean bad input: ScenarioError, ResultsError for run directories, and
-    RunFolderError for output folders."""
+    """Exceptions that mean bad input (exit 2, or a ``CommandError``'s code): ScenarioError,
+    ResultsError for run directories, RunFolderError for output folders, CommandError for what
+    a command body refuses. Imported only when an error is being mapped."""
     from swa_bench.results import ResultsError
+    from swa_bench.run.errors import CommandError
     from swa_bench.run.folder import RunFolderError
 
-    return (ScenarioError, ResultsError, RunFolderError)
+    return (ScenarioError, ResultsError, RunFolderError, CommandError)
+
+
+def _interrupted() -> type[Exception]:
+    from swa_bench.run.folder import Interrupted
+
+    return Interrupted
 
 
 def _say_error(line: str) -> None:
@@ -346,16 +361,12 @@ def run(
                        f"{path}")
             raise typer.Exit(2)
     from swa_bench.results import load_results
-    from swa_bench.run.folder import Interrupted, check_target
+    from swa_bench.run.folder import check_target
 
-    try:
-        if baseline is not None:
-            load_results(baseline)  # a corrupt baseline is bad input now, not a regression later
-        if out is not None:
-            check_target(out)
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
+    if baseline is not None:
+        load_results(baseline)  # a corrupt baseline is bad input now, not a regression later
+    if out is not None:
+        check_target(out)
     from swa_bench.run.commands import LoadedScenario, run_scenarios
 
     try:
@@ -364,12 +375,6 @@ def run(
                                  resume=resume, overwrite=overwrite, baseline=baseline,
                                  select=select, max_cases=max_cases, gpus=gpus,
                                  console=Console())
-    except Interrupted as err:
-        _say_error(str(err))
-        raise typer.Exit(130) from None
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
     except OSError as err:  # a full disk: results.json still holds the last finished case
         where = f"{err.filename}: " if err.filename else ""
         _say_error(f"swa-bench run: {where}cannot write: {err.strerror or err}")
@@ -406,13 +411,9 @@ def check(
     _check_environment()
     from swa_bench.run.commands import LoadedScenario, check_scenarios
 
-    try:
-        with _default_threads():
-            code = check_scenarios([LoadedScenario(*item) for item in loaded],
-                                   console=Console(stderr=as_json), as_json=as_json)
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
+    with _default_threads():
+        code = check_scenarios([LoadedScenario(*item) for item in loaded],
+                               console=Console(stderr=as_json), as_json=as_json)
     raise typer.Exit(code)
 
 
@@ -429,12 +430,7 @@ def report(
     _require(run_dir, "run directory")
     from swa_bench.report import write_reports
 
-    try:
-        written = write_reports(run_dir)
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
-    for path in written:
+    for path in write_reports(run_dir):
         typer.echo(str(path))
 
 
@@ -482,14 +478,10 @@ def compare(
     """
     from swa_bench.run.compare import compare_command
 
-    try:
-        code = compare_command(baseline, current, max_slowdown=max_slowdown, out=out,
-                               gate_timing=not no_timing, console=_plain_console(),
-                               as_json=as_json, allow_config_change=allow_config_change)
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    raise typer.Exit(compare_command(baseline, current, max_slowdown=max_slowdown, out=out,
+                                     gate_timing=not no_timing, console=_plain_console(),
+                                     as_json=as_json,
+                                     allow_config_change=allow_config_change))
 
 
 @app.command()
@@ -511,31 +503,11 @@ def export(
 
     Exit codes: 0 written; 2 no readable results, or --out cannot be written.
     """
-    from swa_bench.report.export import (
-        check_export_out,
-        export_json,
-        github_benchmark_entries,
-        left_out,
-    )
-    from swa_bench.results import load_results, results_path, write_text_atomic
+    from swa_bench.run.export import export_command
 
-    try:
-        if out is not None:
-            check_export_out(out, run_dir)
-        results = load_results(run_dir)
-        text = export_json(github_benchmark_entries(results))
-        for line in left_out(results):
-            _say_error(f"warning: {results_path(run_dir)}: {line}")
-        if out is None:
-            typer.echo(text, nl=False)
-        else:
-            write_text_atomic(out, text)
-    except _user_errors() as err:
-        _say_error(str(err))
-        raise typer.Exit(2) from None
-    except OSError as err:
-        _say_error(f"{out}: --out: cannot write: {err.strerror or err}")
-        raise typer.Exit(2) from None
+    text = export_command(run_dir, out, warn=_say_error)
+    if text is not None:
+        typer.echo(text, nl=False)
 
 
 @app.command()
@@ -568,67 +540,8 @@ def kernels(
     The Triton kernels run on CUDA (or on CPU with TRITON_INTERPRET=1, slowly); elsewhere only
     the PyTorch path is timed. Exit codes: 0 done; 2 bad option.
     """
-    import torch
+    from swa_bench.run.kernels import KernelRun
 
-    from swa_bench.bench.kernels import (
-        PROBLEMS,
-        SWEEP_TILES,
-        bench_kernels,
-        free_bytes,
-        measure_peaks,
-        resident_bytes,
-    )
-    from swa_bench.model.args import PRESETS
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    gpu = device.type == "cuda"
-    preset = preset or ("v41-flash" if gpu else "tiny")
-    names = tuple(problem or PROBLEMS)
-    if preset not in PRESETS:
-        _say_error(f"--preset: unknown preset {preset!r} (known: {', '.join(PRESETS)})")
-        raise typer.Exit(2)
-    if bad := [n for n in names if n not in PROBLEMS]:
-        _say_error(f"--problem: unknown {bad[0]!r} (known: {', '.join(PROBLEMS)})")
-        raise typer.Exit(2)
-    if dtype not in ("bfloat16", "float32"):
-        _say_error(f"--dtype: must be bfloat16 or float32, got {dtype!r}")
-        raise typer.Exit(2)
+    planned = KernelRun.from_options(tokens, preset, problem, dtype)
     _check_environment()
-    args = PRESETS[preset]
-    counts = list(tokens or [16384 if gpu else 48])
-    try:
-        args = args.replace(max_requests=1, max_seq_len=max(max(counts), args.window))
-    except ValueError as err:  # a context no machine holds
-        _say_error(f"--tokens: {max(counts)} rows: {err}")
-        raise typer.Exit(2) from None
-    need, free = resident_bytes(args, max(counts), getattr(torch, dtype), names), free_bytes(device)
-    if need > free:
-        _say_error(f"--tokens: {max(counts)} rows need at least {need / 2**30:.3g} GiB, "
-                   f"{device.type} has {free / 2**30:.3g} GiB free")
-        raise typer.Exit(2)
-    console = _plain_console(stderr=as_json)
-    peaks = measure_peaks(device, getattr(torch, dtype))
-    top_k = args.index_topk or 4 * args.window
-    console.print(f"{device.type}: GEMM {peaks.tflops:.3g} TFLOP/s, copy "
-                  f"{peaks.gbytes_per_s:.0f} GB/s; preset {preset} (H={args.n_heads}, "
-                  f"D={args.head_dim}, W={args.window}, top-k={top_k})")
-    table = Table("problem", "T", "path", "tile", "keys/row", "ms", "TFLOP/s", "GB/s",
-                  "% roofline", "bound", box=None)
-
-    def add(r) -> None:
-        table.add_row(r.problem, str(r.tokens), r.backend, r.tile, f"{r.keys_per_row:.0f}",
-                      f"{r.median_ms:.3f}", f"{r.tflops:.3g}", f"{r.gbytes_per_s:.3g}",
-                      f"{r.roofline_pct:.0f}", r.bound)
-        if not as_json:
-            console.print(f"  {r.problem} T={r.tokens} {r.backend} {r.tile}: "
-                          f"{r.median_ms:.3f} ms, {r.tflops:.3g} TFLOP/s")
-
-    results = bench_kernels(args, counts, device, getattr(torch, dtype), names=names,
-                            tiles=SWEEP_TILES if sweep else (), iters=iters, peaks=peaks,
-                            on_result=add)
-    console.print(table)
-    if as_json:
-        typer.echo(json.dumps({"device": device.type, "preset": preset,
-                               "peak_tflops": peaks.tflops,
-                               "peak_gbytes_per_s": peaks.gbytes_per_s,
-                               "results": [r.to_dict() for r in results]}, indent=2))
+    planned.run(sweep=sweep, iters=iters, as_json=as_json, console=_plain_console(stderr=as_json))

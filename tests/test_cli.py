@@ -133,7 +133,7 @@ def test_shipped_scenarios_are_what_their_names_promise():
     threshold = expand_cases(by_name["threshold-sweep"])
     assert len(threshold) == 14 and threshold[0].trim_threshold() == 33
     assert max(c.num_tokens() for c in threshold) == 4000
-    assert threshold[0].scenario.resolved_capture_sizes()[-1] == 4096
+    assert threshold[0].engine_config().capture_sizes[-1] == 4096
 
 
 def test_validate_reports_every_file_then_exits_2():

@@ -48,8 +48,8 @@ def measure(
     bounded, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels),
-        EngineConfig(policy="full", kernels=kernels),
+        EngineConfig.for_model(model.args, policy=policy, halo_align=halo_align, kernels=kernels),
+        EngineConfig.for_model(model.args, policy="full", kernels=kernels),
     )
     idx = workload.cache_indices
     out = bounded.step(workload.requests, workload.step_tokens, idx)
@@ -98,8 +98,8 @@ def check_first_decoder_kv(
     replay, full = engines(
         model,
         workload,
-        EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels),
-        EngineConfig(policy="full", kernels=kernels),
+        EngineConfig.for_model(model.args, policy=policy, halo_align=halo_align, kernels=kernels),
+        EngineConfig.for_model(model.args, policy="full", kernels=kernels),
     )
     idx = workload.cache_indices
     replay.step(workload.requests, workload.step_tokens, idx)

@@ -1,7 +1,8 @@
 """The equivalence checks E1-E5 (SPEC section 3).
 
 Each check runs the engine of the case's configuration (its graph mode too) on caches filled with
-the workload's context, and grades it against ``oracle``: the step the SPEC describes, with rows,
+the workload's context (the engine comes from ``engines``: the caller owns reuse, see
+``EngineSource``), and grades it against ``oracle``: the step the SPEC describes, with rows,
 window starts and route stated independently of the replay code. Against the oracle's forward
 (same kernels, same shapes) a correct engine is **bitwise** equal on every row (zeros at trimmed
 rows), the logits and every cache; the oracle's forward is then compared with the full-batch
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -27,6 +28,7 @@ from swa_bench.checks.comparison import (
     envelope_tolerance,
 )
 from swa_bench.checks.selection import SelectionComparison, compare_selections
+from swa_bench.checks.tolerance import ENVELOPE, Allowance
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs, decode_requests
@@ -34,6 +36,11 @@ from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
 from swa_bench.results import CheckResult, Diagnostic
+
+# Where a check gets the engine of a configuration. The caller decides reuse, once: the runner
+# hands out its cached engines (graphs captured once per configuration, ``CaseRunner.engine``);
+# left out, each check builds its own. A check zeroes and refills whatever it is given.
+EngineSource = Callable[[EngineConfig], Engine]
 
 _PRECISION_FLAGS = (
     (torch.backends.cuda.matmul, "allow_tf32"),
@@ -139,7 +146,8 @@ def reset(engine: Engine) -> None:
 
 def twin_of(engine: Engine) -> Engine:
     """An eager engine on the same model, kernels and a copy of ``engine``'s caches."""
-    twin = Engine(engine.model, EngineConfig(policy="full", kernels=engine.config.kernels))
+    twin = Engine(engine.model, EngineConfig.for_model(engine.args, policy="full",
+                                                       kernels=engine.config.kernels))
     twin.cache.copy_from(engine.cache)
     return twin
 
@@ -156,15 +164,35 @@ def engines(model: Transformer, inputs: StepInputs, *configs: EngineConfig) -> l
     return [first, *rest]
 
 
-def prepared(model: Transformer, inputs: StepInputs, config: EngineConfig,
-             engine: Engine | None) -> Engine:
-    """``engine`` (reused with its graphs) or a new engine of ``config``, context filled."""
-    eng = engine if engine is not None and engine.config.policy == config.policy else None
-    if eng is None:
-        eng = Engine(model, config)
-    reset(eng)
-    inputs.fill_context(eng)
-    return eng
+def _source(model: Transformer, engines: EngineSource | None) -> EngineSource:
+    return engines if engines is not None else lambda config: Engine(model, config)
+
+
+def prepared(engine: Engine, inputs: StepInputs) -> Engine:
+    """``engine`` with its caches zeroed, then filled with the inputs' context."""
+    reset(engine)
+    inputs.fill_context(engine)
+    return engine
+
+
+@dataclasses.dataclass
+class _Checked:
+    """One step of the engine under check and the oracle's forward of it from equal caches
+    (``twin`` holds the oracle's), graded bitwise in ``diags``."""
+
+    out: StepOutput
+    ora: oracle.OracleOutput
+    twin: Engine
+    diags: list[Diagnostic | None]
+
+
+def _step_against_oracle(prefix: str, eng: Engine, requests: Sequence[RequestSpec],
+                         tokens: Sequence[Sequence[int]], indices) -> _Checked:
+    twin = twin_of(eng)
+    exp = oracle.expect_for(eng, requests)
+    out = eng.step(requests, tokens, indices)
+    ora = oracle.oracle_forward(twin, requests, tokens, indices, exp)
+    return _Checked(out, ora, twin, _versus_oracle(prefix, out, ora, eng, twin))
 
 
 def decode(engine: Engine, workload: StepInputs, step: int, tokens: Sequence[int]) -> StepOutput:
@@ -172,13 +200,12 @@ def decode(engine: Engine, workload: StepInputs, step: int, tokens: Sequence[int
                        workload.cache_indices)
 
 
-def _envelope(prefix: str, pairs, dtype: torch.dtype, rtol: float | None, atol: float | None):
+def _envelope(prefix: str, pairs, dtype: torch.dtype, allowed: Tolerance | Allowance):
     """(diagnostics, worst ratio, max abs) of ``(name, candidate, truth)`` pairs under the
-    rounding envelope (explicit rtol/atol where the scenario sets them)."""
+    rounding envelope, or what ``allowed`` sets in its place."""
     diags, ratio, max_abs = [], 0.0, 0.0
     for name, a, b in pairs:
-        tol = envelope_tolerance(b, dtype)
-        tol = Tolerance(tol.rtol if rtol is None else rtol, tol.atol if atol is None else atol)
+        tol = allowed.over(envelope_tolerance(b, dtype))
         diags.append(compare(f"{prefix}{name}", a, b, tol))
         ratio = max(ratio, envelope_ratio(a, b, tol))
         if a.shape == b.shape and a.numel():
@@ -211,36 +238,26 @@ def _truth(
 
 
 def check_e1(
-    model: Transformer,
-    workload: StepInputs,
-    config: EngineConfig,
-    *,
-    decode_steps: int,
-    rtol: float | None = None,
-    atol: float | None = None,
-    tol: Tolerance | None = None,
-    engine: Engine | None = None,
+    model: Transformer, workload: StepInputs, config: EngineConfig, *, decode_steps: int,
+    tol: Tolerance | Allowance = ENVELOPE, engines: EngineSource | None = None,
 ) -> CheckResult:
     """Replay == the bounded reference, in the case's graph mode.
 
     Bitwise against the oracle's forward: the route, kept rows and window starts, every row's
     streams (zeros at trimmed rows), the logits and every cache, then ``decode_steps`` decode
     steps. Within the envelope: the oracle's kept rows, logits and caches against the full-batch
-    bounded reference (decoder windows cut at the oracle's kept starts). ``tol`` sets both
-    rtol and atol of that comparison (default: the envelope)."""
-    if tol is not None:
-        rtol, atol = tol.rtol, tol.atol
+    bounded reference (decoder windows cut at the oracle's kept starts), within ``tol``
+    (default: the envelope)."""
     policy = "bounded" if config.policy == "full" else config.policy
     config = dataclasses.replace(config, policy=policy)
     dtype = model.embed.weight.dtype
     with check_precision():
-        eng = prepared(model, workload, config, engine)
-        twin, pristine = twin_of(eng), twin_of(eng)
+        eng = prepared(_source(model, engines)(config), workload)
+        pristine = twin_of(eng)
         reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
-        exp = oracle.expect_for(eng, reqs)
-        out = eng.step(reqs, toks, idx)
-        ora = oracle.oracle_forward(twin, reqs, toks, idx, exp)
-        diags = _versus_oracle("", out, ora, eng, twin)
+        checked = _step_against_oracle("", eng, reqs, toks, idx)
+        out, ora, twin, diags = checked.out, checked.ora, checked.twin, checked.diags
+        exp = ora.expected
         unpadded = pristine.prepare(reqs, toks, idx)
         ref, truth, chosen = _truth(
             pristine, workload, ora, dtype,
@@ -259,7 +276,7 @@ def check_e1(
                   for i, (a, b) in enumerate(zip(ora.streams, ref.streams, strict=True))]
         theirs = truth.cache.tensors()
         pairs += [(f"cache.{n}", t, theirs[n]) for n, t in twin.cache.tensors().items()]
-        env, ratio, max_abs = _envelope("reference:", pairs, dtype, rtol, atol)
+        env, ratio, max_abs = _envelope("reference:", pairs, dtype, tol)
         del truth, ref
         tokens = _last_tokens(out, out.logits.argmax(-1).tolist())
         for step in range(decode_steps):
@@ -286,30 +303,21 @@ def _last_tokens(out: StepOutput, argmax: list[int]) -> list[int]:
 
 
 def check_e2(
-    model: Transformer,
-    workload: StepInputs,
-    config: EngineConfig,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-    tol: Tolerance | None = None,
-    engine: Engine | None = None,
+    model: Transformer, workload: StepInputs, config: EngineConfig, *,
+    tol: Tolerance | Allowance = ENVELOPE, engines: EngineSource | None = None,
 ) -> CheckResult:
     """Halo replay == the full prefill, in the case's graph mode: bitwise against the oracle's
     halo forward (rows, starts, streams, logits, caches), whose last-token logits and decoder
-    rings' last W slots equal the full prefill's within the envelope."""
-    if tol is not None:
-        rtol, atol = tol.rtol, tol.atol
+    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope)."""
     config = dataclasses.replace(config, policy="halo")
     dtype = model.embed.weight.dtype
     with check_precision():
-        eng = prepared(model, workload, config, engine)
-        twin, pristine = twin_of(eng), twin_of(eng)
-        reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
-        exp = oracle.expect_for(eng, reqs)
-        out = eng.step(reqs, toks, idx)
-        ora = oracle.oracle_forward(twin, reqs, toks, idx, exp)
-        diags = _versus_oracle("", out, ora, eng, twin)
+        eng = prepared(_source(model, engines)(config), workload)
+        pristine = twin_of(eng)
+        checked = _step_against_oracle("", eng, workload.requests, workload.step_tokens,
+                                       workload.cache_indices)
+        ora, twin, diags = checked.ora, checked.twin, checked.diags
+        exp = ora.expected
         exact = None
         if ora.kept_context is not None:
             exact = {layer: oracle.halo_exact_rows(layer, exp.kept_lens, model.args)
@@ -323,7 +331,7 @@ def check_e2(
             for i, ci in enumerate(workload.indices):
                 pairs.append((f"ring.{layer}[request {i}]", twin.cache.ring_window(layer, ci),
                               full.cache.ring_window(layer, ci)))
-        env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, rtol, atol)
+        env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, tol)
     trimmed = exp.num_tokens - len(exp.kept_rows)
     note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill envelope "
             f"max abs {max_abs:.3g}, {ratio:.3g} of the allowance{chosen.note()}")
@@ -337,18 +345,20 @@ def _last_rows(out: StepOutput) -> torch.Tensor:
 
 
 def check_e3(
-    model: Transformer, workload: StepInputs, config: EngineConfig, *, engine: Engine | None = None
+    model: Transformer, workload: StepInputs, config: EngineConfig, *,
+    engines: EngineSource | None = None,
 ) -> CheckResult:
     """Graph replay == eager at the same padded shape, bitwise: every padded size the workload
     uses is replayed over two row sets (the step, then its requests in reverse order), then
-    decode steps, without re-capture. ``engine`` reuses an engine of ``config`` (and graphs)."""
+    decode steps, without re-capture."""
     if config.graph_mode == "eager":
         return CheckResult(id="E3", name="graph replay == eager", passed=True, mode="info",
                            message="eager case: no graph to compare (nothing compared)")
     with check_precision():
-        graph = engine if engine is not None else Engine(model, config)
-        eager = Engine(model, EngineConfig(policy=config.policy, halo_align=config.halo_align,
-                                           kernels=config.kernels))
+        graph = _source(model, engines)(config)
+        eager = Engine(model, EngineConfig.for_model(model.args, policy=config.policy,
+                                                     halo_align=config.halo_align,
+                                                     kernels=config.kernels))
         workload.fill_context(eager)
         graph.cache.copy_from(eager.cache)
         diags, sizes = [], []
@@ -395,11 +405,12 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
     seq = list(
         StepInputs.seeded([RequestSpec(prompt_len=length)], model.args.vocab_size, 7).sequences[0]
     )
-    whole = Engine(model, EngineConfig(policy="full", kernels=kernels))
+    reference = EngineConfig.for_model(model.args, policy="full", kernels=kernels)
+    whole = Engine(model, reference)
     prefill = whole.reference_step(
         [RequestSpec(prompt_len=length, prompt_logprobs=True)], [seq], [0]
     )
-    decode = Engine(model, EngineConfig(policy="full", kernels=kernels))
+    decode = Engine(model, reference)
     rows = []
     for pos in range(length):
         req = RequestSpec(prompt_len=pos, decode=True) if pos else RequestSpec(prompt_len=1)
@@ -409,7 +420,7 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
                      _widened(tol, decoded, dtype))]
     diags += _caches("prefill_vs_decode.cache.", whole, decode, tol, dtype)
     for chunk in sorted({max(1, w - 1), w, w + 1}):
-        chunked = Engine(model, EngineConfig(policy="full", kernels=kernels))
+        chunked = Engine(model, reference)
         rows = []
         for start in range(0, length, chunk):
             req = RequestSpec(
@@ -431,7 +442,8 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
 
 
 def check_e5(
-    model: Transformer, workload: StepInputs, config: EngineConfig, *, engine: Engine | None = None
+    model: Transformer, workload: StepInputs, config: EngineConfig, *,
+    engines: EngineSource | None = None,
 ) -> CheckResult:
     """Steps with nothing to trim take the route the SPEC gives them and equal the whole-batch
     reference at the same padded shape, bitwise, in the case's graph mode: a step of every
@@ -445,20 +457,19 @@ def check_e5(
                        workload.cache_indices)
     diags: list[Diagnostic | None] = []
     routes = []
+    source = _source(model, engines)
     with check_precision():
         for name, inputs, requests, tokens in (
             ("short_prefills.", small, small.requests, small.step_tokens),
             ("decode.", workload, decode_requests(workload.requests, 0),
              [[seq[-1]] for seq in workload.sequences]),
         ):
-            eng = prepared(model, inputs, config, engine)
+            eng = prepared(source(config), inputs)
             if name == "decode.":
                 eng.reference_step(inputs.requests, inputs.step_tokens, inputs.cache_indices)
-            twin = twin_of(eng)
-            exp = oracle.expect_for(eng, requests)
-            out = eng.step(requests, tokens, inputs.cache_indices)
-            ora = oracle.oracle_forward(twin, requests, tokens, inputs.cache_indices, exp)
-            diags += _versus_oracle(name, out, ora, eng, twin)
+            checked = _step_against_oracle(name, eng, requests, tokens, inputs.cache_indices)
+            exp = checked.ora.expected
+            diags += checked.diags
             diags.append(_differs(f"{name}trims", exp.trims, False))
             routes.append(exp.reason)
     return check_result("E5", "nothing to trim == reference", diags, None,

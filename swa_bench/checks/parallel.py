@@ -90,8 +90,9 @@ def check_dp(
             )
             return checks
         graph = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree))
-        eager = Engine(model, EngineConfig(policy=config.policy, halo_align=config.halo_align,
-                                           kernels=config.kernels))
+        eager = Engine(model, EngineConfig.for_model(model.args, policy=config.policy,
+                                                     halo_align=config.halo_align,
+                                                     kernels=config.kernels))
         inputs.fill_context(eager)
         g = _step(graph, inputs)
         e = graph.eager_equivalent(

@@ -111,7 +111,8 @@ def run_tasks(model: Transformer, policy: str, settings: TaskSettings, *, model_
     """Every task cell and the held-out loss under ``policy`` (eager engine on ``kernels``).
     ``reference`` (the full prefill's run) gives each cell's agreement; without it a run is its
     own reference."""
-    engine = Engine(model, EngineConfig(policy=policy, halo_align=halo_align, kernels=kernels))
+    engine = Engine(model, EngineConfig.for_model(model.args, policy=policy,
+                                                  halo_align=halo_align, kernels=kernels))
     cells, predictions = [], {}
     for key, prompts in _prompt_sets(settings, model.args.window):
         logits = _prefill(engine, [p.tokens for p in prompts])

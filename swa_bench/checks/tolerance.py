@@ -24,3 +24,23 @@ class Tolerance:
         name = str(dtype).removeprefix("torch.")
         default_rtol, default_atol = DEFAULT_TOLERANCES.get(name, DEFAULT_TOLERANCES["float32"])
         return cls(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
+
+    def over(self, envelope: Tolerance) -> Tolerance:
+        """A complete tolerance replaces a check's rounding envelope."""
+        return self
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What an enveloped check (E1, E2) allows: each tensor's rounding envelope, with the rtol or
+    atol a scenario sets in its place. ``ENVELOPE`` sets neither."""
+
+    rtol: float | None = None
+    atol: float | None = None
+
+    def over(self, envelope: Tolerance) -> Tolerance:
+        return Tolerance(envelope.rtol if self.rtol is None else self.rtol,
+                         envelope.atol if self.atol is None else self.atol)
+
+
+ENVELOPE = Allowance()

@@ -1,21 +1,24 @@
-"""How an engine runs steps: the replay policy, the graph mode and their thresholds.
+"""How an engine runs steps: the replay policy, the graph mode, their thresholds and the kernels.
 
-One frozen value per configuration: the runner caches engines by it and the checks build engines
-from it, so a configuration is spelled once. Which kernels run is part of it (``kernels``); the
-``SWA_BENCH_*`` environment variables are only that setting's default, read here and nowhere
-below the engine.
+One frozen value per configuration, every field set: the runner caches engines by it and the checks
+build engines from it, so a configuration is spelled once. The defaults and the rules live here
+once: ``EngineConfig.for_model`` fills what a caller leaves out (the scenario resolves its file
+through it too), ``EngineConfig`` itself only asserts, and the scenario's validation reports the
+same rules (``trim_threshold_problem``, ``capture_sizes_problem``) against the fields they name.
+Which kernels run is part of it (``kernels``); the ``SWA_BENCH_*`` environment variables are
+only that setting's default, read here and nowhere below the engine.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-from swa_bench.graphs.capture_sizes import check_capture_sizes, default_capture_sizes
+from swa_bench.graphs.capture_sizes import capture_sizes_problem, default_capture_sizes
 from swa_bench.kernels.config import Kernels, KernelSettings
+from swa_bench.model.args import ModelArgs
 from swa_bench.replay.row_selection import Policy
 
 GraphMode = Literal["eager", "piecewise", "full"]
@@ -28,7 +31,7 @@ KERNEL_VARIABLES = {"backend": "SWA_BENCH_KERNELS", "tile": "SWA_BENCH_MQA_TILE"
 
 def kernel_settings_from_environment(environ: Mapping[str, str] | None = None) -> KernelSettings:
     """The kernel settings ``environ`` (default ``os.environ``) asks for: the default of a
-    scenario's ``kernels:`` section and of ``EngineConfig.kernels``. A malformed value is
+    scenario's ``kernels:`` section and of ``EngineConfig.for_model``. A malformed value is
     refused in one line naming its variable."""
     environ = os.environ if environ is None else environ
     return KernelSettings.parse(**{f: environ.get(v, "") for f, v in KERNEL_VARIABLES.items()},
@@ -48,43 +51,96 @@ def resolve_kernels(settings: KernelSettings, device_type: str) -> Kernels:
     return settings.resolve(device_type, triton_interpreting())
 
 
+# Every engine default, once: ``EngineConfig.for_model`` and the scenario's fields take these.
+DEFAULT_POLICY: Policy = "bounded"
+DEFAULT_GRAPH_MODE: GraphMode = "eager"
+DEFAULT_EAGER_TRIM_THRESHOLD = 0  # eager steps replay whatever their size
+DEFAULT_MAX_CAPTURE_SIZE = 512  # vLLM's
+DEFAULT_HALO_ALIGN = 1  # the halo unrounded
+
+
+def trim_threshold_problem(threshold: int, window: int) -> str | None:
+    """The rule on ``trim_threshold``: nothing trims at or below W, so a threshold there would
+    send steps to a replay batch that keeps every row."""
+    if threshold <= window:
+        return f"must exceed the model window W={window}, got {threshold}"
+    return None
+
+
+def default_trim_threshold(window: int) -> int:
+    """W + 1: the smallest padded size that can trim."""
+    return window + 1
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """``trim_threshold``: PIECEWISE graphs of this padded size or more run the decoder on a
-    replay batch (None: W + 1, the smallest that can trim). ``eager_trim_threshold``: eager steps
-    below this many tokens never replay. ``capture_sizes`` (None: vLLM's defaults up to
-    ``max_capture_size``) are the padded sizes graphs are captured at. ``halo_align`` rounds the
-    halo up (vLLM #57281 uses 512: 2414 -> 2560). ``kernels``: which kernels run (the engine
-    resolves it for its device); unset, the environment's."""
+    replay batch. ``eager_trim_threshold``: eager steps below this many tokens never replay.
+    ``capture_sizes`` are the padded sizes graphs are captured at. ``halo_align`` rounds the halo
+    up (vLLM #57281 uses 512: 2414 -> 2560). ``kernels``: which kernels run (the engine resolves
+    it for its device). Complete by construction (``for_model``); an invalid value raises here,
+    and ``check`` holds the rules that need the model's window."""
 
-    policy: Policy = "bounded"
-    graph_mode: GraphMode = "eager"
-    trim_threshold: int | None = None
-    eager_trim_threshold: int = 0
-    capture_sizes: tuple[int, ...] | None = None
-    max_capture_size: int = 512
-    halo_align: int = 1
-    kernels: KernelSettings = field(default_factory=kernel_settings_from_environment)
+    policy: Policy
+    graph_mode: GraphMode
+    trim_threshold: int
+    eager_trim_threshold: int
+    capture_sizes: tuple[int, ...]
+    halo_align: int
+    kernels: KernelSettings
 
-    def resolved(self, window: int) -> EngineConfig:
-        """Every default filled in and checked against the model's window."""
-        sizes = self.capture_sizes
-        if sizes is None:
-            sizes = tuple(default_capture_sizes(self.max_capture_size))
-        check_capture_sizes(sizes)
-        threshold = window + 1 if self.trim_threshold is None else self.trim_threshold
-        if self.graph_mode == "piecewise" and threshold <= window:
-            raise ValueError(f"trim_threshold ({threshold}) must exceed W ({window})")
-        return dataclasses.replace(self, trim_threshold=threshold, capture_sizes=tuple(sizes))
+    def __post_init__(self) -> None:
+        if self.policy not in get_args(Policy):
+            raise ValueError(f"policy: must be one of {get_args(Policy)}, got {self.policy!r}")
+        if self.graph_mode not in GRAPH_MODES:
+            raise ValueError(f"graph_mode: must be one of {GRAPH_MODES}, got {self.graph_mode!r}")
+        if not isinstance(self.capture_sizes, tuple):
+            raise ValueError(f"capture_sizes: must be a tuple, got {self.capture_sizes!r}")
+        if problem := capture_sizes_problem(self.capture_sizes):
+            raise ValueError(f"capture_sizes: {problem}")
+        if self.eager_trim_threshold < 0:
+            raise ValueError(f"eager_trim_threshold: must be >= 0, got {self.eager_trim_threshold}")
+        if self.halo_align < 1:
+            raise ValueError(f"halo_align: must be >= 1, got {self.halo_align}")
+        if not isinstance(self.kernels, KernelSettings):
+            raise ValueError(f"kernels: must be KernelSettings, got {self.kernels!r}")
 
-    def reference(self) -> EngineConfig:
-        """The reference path in the same graph mode: policy full, replay settings at their
-        defaults (they play no part when nothing replays), so one reference serves every
-        policy and threshold of a mode."""
-        return EngineConfig(
-            policy="full",
-            graph_mode=self.graph_mode,
-            capture_sizes=self.capture_sizes,
-            max_capture_size=self.max_capture_size,
-            kernels=self.kernels,
-        )
+    @classmethod
+    def for_model(
+        cls,
+        args: ModelArgs,
+        *,
+        policy: Policy = DEFAULT_POLICY,
+        graph_mode: GraphMode = DEFAULT_GRAPH_MODE,
+        trim_threshold: int | None = None,
+        eager_trim_threshold: int = DEFAULT_EAGER_TRIM_THRESHOLD,
+        capture_sizes: Sequence[int] | None = None,
+        max_capture_size: int = DEFAULT_MAX_CAPTURE_SIZE,
+        halo_align: int = DEFAULT_HALO_ALIGN,
+        kernels: KernelSettings | None = None,
+    ) -> EngineConfig:
+        """The complete configuration for ``args``'s model: the only place the defaults live.
+        ``trim_threshold`` None: W + 1; ``capture_sizes`` None: vLLM's up to
+        ``max_capture_size`` (which plays no other part); ``kernels`` None: the environment's."""
+        if capture_sizes is None:
+            capture_sizes = default_capture_sizes(max_capture_size)
+        if trim_threshold is None:
+            trim_threshold = default_trim_threshold(args.window)
+        if kernels is None:
+            kernels = kernel_settings_from_environment()
+        return cls(policy=policy, graph_mode=graph_mode, trim_threshold=trim_threshold,
+                   eager_trim_threshold=eager_trim_threshold, capture_sizes=tuple(capture_sizes),
+                   halo_align=halo_align, kernels=kernels).check(args.window)
+
+    def check(self, window: int) -> EngineConfig:
+        """``self``, once the rules that need the model's window hold (raises otherwise)."""
+        if problem := trim_threshold_problem(self.trim_threshold, window):
+            raise ValueError(f"trim_threshold: {problem}")
+        return self
+
+    def reference(self, args: ModelArgs) -> EngineConfig:
+        """The reference path in the same graph mode and kernels: policy full, replay settings
+        at their defaults (they play no part when nothing replays), so one reference serves
+        every policy and threshold of a mode."""
+        return EngineConfig.for_model(args, policy="full", graph_mode=self.graph_mode,
+                                      capture_sizes=self.capture_sizes, kernels=self.kernels)

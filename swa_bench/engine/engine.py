@@ -78,7 +78,8 @@ class Engine:
         self.model = model
         self.agree = agree
         self.args: ModelArgs = model.args
-        self.config = (config or EngineConfig()).resolved(self.args.window)
+        self.config = (config if config is not None
+                       else EngineConfig.for_model(self.args)).check(self.args.window)
         self.device = model.embed.weight.device
         self.kernels: Kernels = resolve_kernels(self.config.kernels, self.device.type)
         dtype = model.embed.weight.dtype

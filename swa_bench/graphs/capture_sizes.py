@@ -12,13 +12,22 @@ def default_capture_sizes(max_size: int) -> list[int]:
     return [s for s in sizes if s <= max_size]
 
 
-def check_capture_sizes(sizes: Sequence[int]) -> None:
+def capture_sizes_problem(sizes: Sequence[int]) -> str | None:
+    """The rule on a capture-size list (one definition: the scenario reports it against its
+    field, the engine's config and the graph runner raise on it): non-empty, positive, strictly
+    increasing, since ``padded_size`` bisects it."""
     if not sizes:
-        raise ValueError("capture sizes must not be empty")
+        return "must not be empty (null means vLLM's default sizes)"
     if any(s < 1 for s in sizes):
-        raise ValueError("capture sizes must be >= 1")
+        return f"must be >= 1, got {list(sizes)}"
     if any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
-        raise ValueError("capture sizes must be strictly increasing (sorted, no duplicates)")
+        return f"must be strictly increasing, got {list(sizes)}"
+    return None
+
+
+def check_capture_sizes(sizes: Sequence[int]) -> None:
+    if problem := capture_sizes_problem(sizes):
+        raise ValueError(f"capture sizes {problem}")
 
 
 def padded_size(num_tokens: int, sizes: Sequence[int]) -> int | None:

@@ -1,13 +1,15 @@
 """One case of a scenario: its checks, then both paths measured; models and engines shared.
 
 Models are built once per (model, seed, dtype, device); engines (and their captured graphs) once
-per ``EngineConfig``, with one graph configuration's pools held at a time. A case that raises is
-recorded as an error and the sweep goes on.
+per ``EngineConfig``, with one graph configuration's pools held at a time: the runner alone
+decides which engine a check or a timed path reuses (``CaseRunner.engine``, ``engine_pair``). A
+case that raises is recorded as an error and the sweep goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import traceback
@@ -21,30 +23,28 @@ from swa_bench.checks import equivalence
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.checks.tasks import TaskRun, TaskSettings, agreement_check, run_tasks
+from swa_bench.checks.tolerance import Allowance
 from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.model.weights import load_weights
-from swa_bench.results import CaseResult, CheckResult, KernelRecord
+from swa_bench.results import CaseResult, CaseStatus, CheckResult, KernelRecord
 from swa_bench.scenario import Case, Scenario, ScenarioError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def engine_config(case: Case) -> EngineConfig:
-    """The case's engine configuration (its replay path; the reference is this with policy full)."""
+def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> CaseResult:
+    """A case's result before anything ran: what it is (id, label, configuration, size); the
+    runner fills in the figures, a lost shard worker only the error."""
     sc = case.scenario
-    return EngineConfig(
-        policy=sc.policy,
-        graph_mode=sc.graph_mode,
-        trim_threshold=case.trim_threshold(),
-        eager_trim_threshold=sc.eager_trim_threshold,
-        capture_sizes=tuple(sc.resolved_capture_sizes()),
-        max_capture_size=sc.max_capture_size,
-        halo_align=sc.halo_align,
-        kernels=sc.kernel_settings(),
+    return CaseResult(
+        case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
+        status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
+        trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
+        num_requests=len(case.requests()), batch="",
     )
 
 
@@ -121,7 +121,7 @@ class CaseRunner:
                                 distances=tuple(t.distances), prompts=t.prompts,
                                 continuation=sc.task_continuation(), seed=sc.seed)
         name = sc.model.weights or "seeded"
-        kernels = engine_config(case).kernels
+        kernels = case.engine_config().kernels
         key = json.dumps([dataclasses.asdict(settings), sc.halo_align, repr(kernels)])
         if key not in self.full_tasks:
             self.full_tasks[key] = run_tasks(model, "full", settings, model_name=name,
@@ -138,7 +138,8 @@ class CaseRunner:
         """(reference, replay) engines of ``config`` (``agree``: planning under ``self.agree``).
         Graph engines of other configurations are dropped first: the graph pools of one
         configuration at a time."""
-        keep = {(config.reference(), agree), (config, agree)}
+        reference = config.reference(model.args)
+        keep = {(reference, agree), (config, agree)}
         stale = [k for k in self.engines if k[0].graph_mode != "eager" and k not in keep]
         for other in stale:
             del self.engines[other]
@@ -148,7 +149,15 @@ class CaseRunner:
         for key in keep:
             if key not in self.engines:
                 self.engines[key] = Engine(model, key[0], agree=self.agree if agree else None)
-        return self.engines[(config.reference(), agree)], self.engines[(config, agree)]
+        return self.engines[(reference, agree)], self.engines[(config, agree)]
+
+    def engine(self, model: Transformer, config: EngineConfig) -> Engine:
+        """The engine a check runs for ``config`` (``equivalence.EngineSource``): a graph mode's
+        is the runner's (its graphs captured once for the checks and the timing); an eager one is
+        built fresh, since it captures nothing and its caches need not stay resident."""
+        if config.graph_mode == "eager":
+            return Engine(model, config)
+        return self.engine_pair(model, config)[1]
 
     def run_checks(self, case: Case, model: Transformer, inputs: StepInputs) -> list[CheckResult]:
         return list(self.iter_checks(case, model, inputs))
@@ -159,38 +168,27 @@ class CaseRunner:
         """E1-E5 one by one, each run when asked for. E1, E2 and E5 run the engine of the case's
         configuration (its graph mode too) against the oracle; E3 compares its graphs with eager
         at their padded shapes."""
-        sc, cfg, config = case.scenario, case.scenario.checks, engine_config(case)
-        dtype = DTYPES[sc.dtype]
-        graphs = sc.graph_mode != "eager"
+        sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
+        engines = functools.partial(self.engine, model)
         if cfg.e1.enabled:
-            engine = self.engine_pair(model, config)[1] if graphs else None
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
-                                       rtol=cfg.e1.rtol, atol=cfg.e1.atol, engine=engine)
+                                       tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
         if cfg.e2.enabled:
-            halo = dataclasses.replace(config, policy="halo")
-            engine = self.engine_pair(model, halo)[1] if graphs else None
-            yield equivalence.check_e2(model, inputs, config, rtol=cfg.e2.rtol,
-                                       atol=cfg.e2.atol, engine=engine)
+            yield equivalence.check_e2(model, inputs, config,
+                                       tol=Allowance(cfg.e2.rtol, cfg.e2.atol), engines=engines)
         if cfg.e3.enabled:
-            engine = self.engine_pair(model, config)[1] if graphs else None
-            yield equivalence.check_e3(model, inputs, config, engine=engine)
+            yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:
-            tol = Tolerance.for_dtype(dtype, cfg.e4.rtol, cfg.e4.atol)
+            tol = Tolerance.for_dtype(DTYPES[sc.dtype], cfg.e4.rtol, cfg.e4.atol)
             yield equivalence.check_e4(model, inputs, tol=tol, kernels=config.kernels)
         if cfg.e5.enabled:
-            engine = self.engine_pair(model, config)[1] if graphs else None
-            yield equivalence.check_e5(model, inputs, config, engine=engine)
+            yield equivalence.check_e5(model, inputs, config, engines=engines)
 
     def run_case(self, case: Case, *, timing: bool = True) -> CaseResult:
         sc = case.scenario
-        result = CaseResult(
-            case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
-            status="ok", graph_mode=sc.graph_mode, policy=sc.policy,
-            trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
-            num_requests=len(case.requests()), batch="",
-        )
+        result = case_skeleton(case, status="ok")
         try:
-            kernels = resolve_kernels(engine_config(case).kernels, self.device.type)
+            kernels = resolve_kernels(case.engine_config().kernels, self.device.type)
             result.kernels = KernelRecord(**kernels.record())
             model = self.model(case)
             inputs = self.inputs(case, model)
@@ -200,7 +198,7 @@ class CaseRunner:
                 a = sc.checks.approximation
                 result.approximation, first_kv = measure(
                     model, inputs, continuation_steps=sc.continuation_steps(),
-                    kernels=engine_config(case).kernels, halo_align=sc.halo_align,
+                    kernels=case.engine_config().kernels, halo_align=sc.halo_align,
                     policy=sc.policy,
                 )
                 result.checks.append(first_kv)
@@ -228,7 +226,7 @@ class CaseRunner:
 
     def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
         """Both paths in the case's graph mode; every figure from the plan of the timed step."""
-        config, t = engine_config(case), case.scenario.timing
+        config, t = case.engine_config(), case.scenario.timing
         reference, replay = self.engine_pair(model, config, agree=self.agree is not None)
         settings = TimingSettings(warmup=t.warmup, iters=t.iters, l2_flush=t.l2_flush,
                                   threads=t.threads, breakdown=t.breakdown)

@@ -92,8 +92,6 @@ def run_one(
     """One scenario (its cases already ``ready``) into the claimed ``run_dir``; ``gpus`` > 1
     spreads its cases over that many worker processes (``shards``), merged into the one
     results.json."""
-    from swa_bench.report import append_step_summary, write_reports
-
     path, scenario, cases = item.path, item.scenario, item.cases
     runner = CaseRunner(scenario)
     digest = scenario_hash(scenario.source_text)
@@ -105,12 +103,7 @@ def run_one(
             raise ResultsError(run_dir / "results.json", "scenario_hash",
                                f"the run was made from another version of {path}; start a new run")
     if results is None:
-        results = RunResults(
-            scenario_name=scenario.name, scenario_file=str(path), scenario_hash=digest,
-            scenario=json.loads(scenario.model_dump_json()),
-            environment=capture_environment(scenario.timing.threads),
-            started_at=_now(),
-        )
+        results = new_results(path, scenario, capture_environment(scenario.timing.threads))
     folded = shard_results(run_dir, scenario.name, digest) if resume else []
     done = {c.case_id for c in results.cases + folded if c.status != "error"}
     results.cases = list({c.case_id: c for c in results.cases + folded
@@ -145,13 +138,33 @@ def run_one(
             progress.advance(task)
     if runner.gemm_tflops:
         results.environment["gemm_tflops"] = runner.gemm_tflops
+    finish(results, scenario, run_dir, console)
+    return results
+
+
+def new_results(path: str | Path, scenario: Scenario, environment: dict) -> RunResults:
+    """A run's results before its first case: the scenario (file, hash of its text, every field
+    resolved), the machine, the start time. ``swa-bench run`` and the torchrun entry
+    (``run.parallel``) both start here."""
+    return RunResults(
+        scenario_name=scenario.name, scenario_file=str(path),
+        scenario_hash=scenario_hash(scenario.source_text),
+        scenario=json.loads(scenario.model_dump_json()), environment=environment,
+        started_at=_now(),
+    )
+
+
+def finish(results: RunResults, scenario: Scenario, run_dir: Path, console: Console) -> None:
+    """A run's end, whoever ran its cases: the trim-threshold advice, the finish time,
+    results.json and the reports written, the summary printed."""
+    from swa_bench.report import append_step_summary, write_reports
+
     results.threshold_advice = threshold_advice(results.cases, scenario.model_args().window)
     results.finished_at = _now()
     save_results(run_dir, results)
     write_reports(run_dir)
     append_step_summary(run_dir)
     print_run_summary(console, results, run_dir)
-    return results
 
 
 def check_scenarios(

@@ -6,38 +6,32 @@ batch (a DP rank's batch is the case's requests dealt round-robin over the DP ra
 across ranks (``checks.parallel``), and timing with the DP ranks agreeing each step's route.
 Rank 0 gathers every rank's results into one results.json (and the reports): rank 0's figures,
 every rank's checks (ids suffixed ``@rN`` beyond rank 0), each rank's route and time under
-``parallel``.
+``parallel``. The results are started, finished and summarised by the functions ``swa-bench run``
+uses (``commands.new_results``, ``commands.finish``); only the per-rank table is this entry's.
+The arguments stay argparse's: torchrun starts a module, not the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
 
-from swa_bench.bench.environment import capture_environment, scenario_hash
+from swa_bench.bench.environment import capture_environment
 from swa_bench.checks.parallel import check_dp, check_tp
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.parallel.agreement import DataParallelAgreement
 from swa_bench.parallel.collectives import ParallelGroups, init_from_env, make_groups
 from swa_bench.parallel.sharded import build_sharded_model
-from swa_bench.report import write_reports
-from swa_bench.results import (
-    CaseResult,
-    CheckResult,
-    ParallelResult,
-    RankResult,
-    RunResults,
-    save_results,
-)
-from swa_bench.run.cases import DTYPES, CaseRunner, engine_config
-from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
+from swa_bench.results import CaseResult, CheckResult, ParallelResult, RankResult
+from swa_bench.run.cases import DTYPES, CaseRunner
+from swa_bench.run.commands import finish, load, new_results, ready
+from swa_bench.scenario import Case, Scenario, ScenarioError
 
 
 class ParallelCaseRunner(CaseRunner):
@@ -85,7 +79,7 @@ class ParallelCaseRunner(CaseRunner):
         cfg = case.scenario.checks
         if not any(c.enabled for c in (cfg.e1, cfg.e2, cfg.e3, cfg.e4, cfg.e5)):
             return checks
-        config, g = engine_config(case).resolved(model.args.window), self.groups
+        config, g = case.engine_config(), self.groups
         if g.dp_group is not None:
             checks += check_dp(model, inputs, config, g.dp_group, disagree=self.disagree)
         if g.tp_group is not None:
@@ -158,12 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        scenario, cases = load_cases(args.scenario)
+        item = ready(load(args.scenario), args.select)
     except ScenarioError as err:
         print(err, file=sys.stderr)
         return 2
-    if args.select is not None:
-        cases = [c for c in cases if c.matches(args.select)]
+    scenario, cases = item.scenario, item.cases
     device = init_from_env()
     try:
         groups = make_groups(scenario.parallel.layout())
@@ -174,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = ParallelCaseRunner(
         scenario, groups, device, disagree=args.disagree_rank == groups.rank
     )
+    environment = capture_environment(scenario.timing.threads)
+    environment["world_size"] = dist.get_world_size()
+    results = new_results(args.scenario, scenario, environment)
     merged = []
     for case in cases:
         result = runner.run_case(case, timing=not args.no_timing)
@@ -185,23 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     if groups.rank == 0:
         out = args.out or Path("reports") / f"{scenario.name}-parallel"
         out.mkdir(parents=True, exist_ok=True)
-        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        environment = capture_environment(scenario.timing.threads)
-        environment["world_size"] = dist.get_world_size()
-        results = RunResults(
-            scenario_name=scenario.name,
-            scenario_file=str(args.scenario),
-            scenario_hash=scenario_hash(scenario.source_text),
-            scenario=json.loads(scenario.model_dump_json()),
-            environment=environment,
-            started_at=now,
-            finished_at=now,
-            cases=merged,
-        )
-        save_results(out, results)
-        write_reports(out)
+        results.cases = merged
+        finish(results, scenario, out, Console())
         print_table(merged)
-        print(f"results: {out / 'results.json'}")
     dist.destroy_process_group()
     return code
 

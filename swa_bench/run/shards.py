@@ -24,7 +24,7 @@ import torch
 from swa_bench.bench.environment import scenario_hash
 from swa_bench.bench.timing import num_threads
 from swa_bench.results import CaseResult, write_text_atomic
-from swa_bench.run.cases import CaseRunner
+from swa_bench.run.cases import CaseRunner, case_skeleton
 from swa_bench.run.folder import SHARD_DIR, Shard, clear_shards, shard_results
 from swa_bench.scenario import Case, load_cases
 
@@ -104,18 +104,4 @@ def run_sharded(
 
 
 def lost_case(case: Case, exitcode: int | None) -> CaseResult:
-    sc = case.scenario
-    return CaseResult(
-        case_id=case.case_id,
-        index=case.index,
-        label=case.label(),
-        params=case.params,
-        status="error",
-        error=f"its worker process ended with exit code {exitcode}",
-        graph_mode=sc.graph_mode,
-        policy=sc.policy,
-        trim_threshold=case.trim_threshold(),
-        tokens=case.num_tokens(),
-        num_requests=len(case.requests()),
-        batch="",
-    )
+    return case_skeleton(case, "error", f"its worker process ended with exit code {exitcode}")

@@ -9,7 +9,7 @@ from swa_bench.scenario.loader import (
     scenario_from_text,
     shipped_scenarios,
 )
-from swa_bench.scenario.schema import MAX_CASES, Scenario, default_capture_sizes
+from swa_bench.scenario.schema import MAX_CASES, Scenario
 from swa_bench.scenario.sweep import Case, case_id, count_cases, expand_cases
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "ScenarioError",
     "case_id",
     "count_cases",
-    "default_capture_sizes",
     "default_scenario_path",
     "expand_cases",
     "load_cases",

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from swa_bench.scenario.errors import ScenarioError, dotted, located, yaml_index
-from swa_bench.scenario.schema import Scenario, describe_error
+from swa_bench.scenario.schema import MAX_CASES, Scenario, describe_error
 from swa_bench.scenario.sweep import Case, expand_cases
 
 
@@ -140,7 +140,8 @@ def _read(path: Path, file: str) -> str:
         raise ScenarioError(file, "", f"cannot read: {err.strerror or err}") from None
 
 
-def scenario_from_text(text: str, file: str | Path | None = None) -> Scenario:
+def scenario_from_text(text: str, file: str | Path | None = None, *,
+                       max_cases: int | None = None) -> Scenario:
     """Validate scenario text (schema only; ``expand_cases`` checks each case)."""
     name = str(file) if file is not None else "<scenario>"
     data = parse_yaml(text, name)
@@ -161,9 +162,7 @@ def scenario_from_text(text: str, file: str | Path | None = None) -> Scenario:
     except ValidationError as err:
         loc, message = describe_error(err.errors()[0])
         raise located(name, text, loc, message) from None
-    scenario.source_path = Path(file) if file is not None else None
-    scenario.source_text = text
-    return scenario
+    return scenario.bind_source(file, text, MAX_CASES if max_cases is None else max_cases)
 
 
 def load_cases(path: str | Path, *, max_cases: int | None = None) -> tuple[Scenario, list[Case]]:
@@ -175,9 +174,7 @@ def load_cases(path: str | Path, *, max_cases: int | None = None) -> tuple[Scena
     field) for anything wrong with it.
     """
     file = str(path)
-    scenario = scenario_from_text(_read(Path(path), file), path)
-    if max_cases is not None:
-        scenario.max_cases = max_cases
+    scenario = scenario_from_text(_read(Path(path), file), path, max_cases=max_cases)
     return scenario, expand_cases(scenario)
 
 

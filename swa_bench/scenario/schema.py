@@ -30,9 +30,19 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
-from swa_bench.engine.config import GraphMode, kernel_settings_from_environment
-from swa_bench.graphs.capture_sizes import default_capture_sizes
+from swa_bench.checks.tolerance import Tolerance
+from swa_bench.engine.config import (
+    DEFAULT_EAGER_TRIM_THRESHOLD,
+    DEFAULT_GRAPH_MODE,
+    DEFAULT_HALO_ALIGN,
+    DEFAULT_MAX_CAPTURE_SIZE,
+    DEFAULT_POLICY,
+    EngineConfig,
+    GraphMode,
+    kernel_settings_from_environment,
+    trim_threshold_problem,
+)
+from swa_bench.graphs.capture_sizes import capture_sizes_problem
 from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
@@ -305,13 +315,14 @@ class Scenario(_Strict):
     seed: Seed = 0
     model: ModelSpec = Field(default_factory=ModelSpec)
     workload: Workload
-    policy: Policy = "bounded"
-    halo_align: PositiveInt = 1
-    graph_mode: GraphMode = "eager"
+    # The engine's settings; what is left out takes ``EngineConfig.for_model``'s default.
+    policy: Policy = DEFAULT_POLICY
+    halo_align: PositiveInt = DEFAULT_HALO_ALIGN
+    graph_mode: GraphMode = DEFAULT_GRAPH_MODE
     trim_threshold: PositiveInt | None = None
-    eager_trim_threshold: NonNegativeInt = 0
+    eager_trim_threshold: NonNegativeInt = DEFAULT_EAGER_TRIM_THRESHOLD
     capture_sizes: list[PositiveInt] | None = None
-    max_capture_size: Annotated[int, Ge(1), Le(1 << 20)] = 512
+    max_capture_size: Annotated[int, Ge(1), Le(1 << 20)] = DEFAULT_MAX_CAPTURE_SIZE
     kernels: KernelsSpec = Field(default_factory=KernelsSpec)
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
@@ -325,40 +336,32 @@ class Scenario(_Strict):
     @field_validator("capture_sizes")
     @classmethod
     def _increasing(cls, sizes: list[int] | None) -> list[int] | None:
-        if sizes is None:
-            return None
-        if not sizes:
-            raise ValueError("must not be empty (null means vLLM's default sizes)")
-        if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
-            raise ValueError(f"must be strictly increasing, got {sizes}")
+        if sizes is not None and (problem := capture_sizes_problem(sizes)):
+            raise ValueError(problem)
         return sizes
+
+    def bind_source(self, path: str | Path | None, text: str,
+                    max_cases: int = MAX_CASES) -> Scenario:
+        """Where this scenario came from and its sweep cap, set once by whoever read it (the
+        loader; the sweep for each case it derives); returns ``self``."""
+        self._source_path = Path(path) if path is not None else None
+        self._source_text, self._max_cases = text, max_cases
+        return self
 
     @property
     def source_path(self) -> Path | None:
         """The file this scenario was loaded from; errors name it."""
         return self._source_path
 
-    @source_path.setter
-    def source_path(self, path: str | Path | None) -> None:
-        self._source_path = Path(path) if path is not None else None
-
     @property
     def source_text(self) -> str:
         """The raw file text: hashed into results and used to find error lines."""
         return self._source_text
 
-    @source_text.setter
-    def source_text(self, text: str) -> None:
-        self._source_text = text
-
     @property
     def max_cases(self) -> int:
         """The most cases the sweep may expand to (``--max-cases``)."""
         return self._max_cases
-
-    @max_cases.setter
-    def max_cases(self, value: int) -> None:
-        self._max_cases = value
 
     def model_args(self) -> ModelArgs:
         return self.model.args()
@@ -366,19 +369,19 @@ class Scenario(_Strict):
     def requests(self) -> list[RequestSpec]:
         return self.workload.specs()
 
-    def resolved_trim_threshold(self) -> int:
-        """The smallest padded size whose graph uses the replay batch; null means W + 1."""
-        return self.trim_threshold or self.model_args().window + 1
-
     def kernel_settings(self) -> KernelSettings:
         """The ``kernels:`` section over the environment's default (read here, once a case)."""
         return self.kernels.settings(kernel_settings_from_environment())
 
-    def resolved_capture_sizes(self) -> list[int]:
-        """The explicit list when given (``max_capture_size`` then plays no part), else vLLM's."""
-        if self.capture_sizes is not None:
-            return list(self.capture_sizes)
-        return default_capture_sizes(self.max_capture_size)
+    def engine_config(self) -> EngineConfig:
+        """The complete engine configuration of this (expanded, valid) scenario: its replay
+        path; the reference is this with policy full (``EngineConfig.reference``)."""
+        return EngineConfig.for_model(
+            self.model_args(), policy=self.policy, graph_mode=self.graph_mode,
+            trim_threshold=self.trim_threshold, eager_trim_threshold=self.eager_trim_threshold,
+            capture_sizes=self.capture_sizes, max_capture_size=self.max_capture_size,
+            halo_align=self.halo_align, kernels=self.kernel_settings(),
+        )
 
     def continuation_steps(self) -> int:
         """K for greedy-continuation agreement: null means 2W (the ring slides out after W)."""
@@ -390,9 +393,8 @@ class Scenario(_Strict):
         spec = getattr(self.checks, check)
         if isinstance(spec, BitwiseCheck):
             return 0.0, 0.0
-        rtol, atol = DEFAULT_TOLERANCES[self.dtype]
-        return (spec.rtol if spec.rtol is not None else rtol,
-                spec.atol if spec.atol is not None else atol)
+        tol = Tolerance.for_dtype(self.dtype, spec.rtol, spec.atol)
+        return tol.rtol, tol.atol
 
     def problems(self) -> list[Problem]:
         """Every rule that needs the resolved model, as (location, message); empty when valid."""
@@ -402,9 +404,9 @@ class Scenario(_Strict):
         args = self.model_args()
         window = args.window
         out: list[Problem] = self._tasks_problems(args)
-        if self.trim_threshold is not None and self.trim_threshold <= window:
-            out.append((("trim_threshold",), f"must exceed the model window W={window}, "
-                                             f"got {self.trim_threshold}"))
+        if self.trim_threshold is not None and (
+                problem := trim_threshold_problem(self.trim_threshold, window)):
+            out.append((("trim_threshold",), problem))
         steps = self.checks.approximation.continuation_steps
         if steps is not None and steps < window:
             out.append((("checks", "approximation", "continuation_steps"),

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from swa_bench.engine.config import EngineConfig
 from swa_bench.model.args import MODEL_FIELDS, ModelArgs
 from swa_bench.model.requests import RequestSpec
 from swa_bench.scenario.errors import Loc, ScenarioError, dotted, line_of, located
@@ -39,8 +40,11 @@ class Case:
     def requests(self) -> list[RequestSpec]:
         return self.scenario.requests()
 
+    def engine_config(self) -> EngineConfig:
+        return self.scenario.engine_config()
+
     def trim_threshold(self) -> int:
-        return self.scenario.resolved_trim_threshold()
+        return self.engine_config().trim_threshold
 
     def num_tokens(self) -> int:
         return sum(r.query_len for r in self.requests())
@@ -125,9 +129,7 @@ def _resolve(
     except ValidationError as err:
         loc, message = describe_error(err.errors()[0])
     else:
-        resolved.source_path = scenario.source_path
-        resolved.source_text = scenario.source_text
-        problems = resolved.problems()
+        problems = resolved.bind_source(scenario.source_path, scenario.source_text).problems()
         if not problems:
             return resolved
         loc, message = problems[0]

@@ -97,7 +97,7 @@ def test_step_flops_equal_the_counter(preset, policy):
         RequestSpec(prompt_len=9 * w, chunk_size=3 * w),
     ]
     load = StepInputs.seeded(requests, args.vocab_size, 5)
-    engine = Engine(model, EngineConfig(policy=policy))
+    engine = Engine(model, EngineConfig.for_model(model.args, policy=policy))
     load.fill_context(engine)
     plan = engine.plan(load.requests)
     assert plan.replays == (policy != "full")

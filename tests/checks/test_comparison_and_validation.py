@@ -8,6 +8,7 @@ import math
 import torch
 
 from swa_bench.checks.comparison import Tolerance, compare, envelope_ratio, envelope_tolerance
+from swa_bench.checks.tolerance import ENVELOPE, Allowance
 from swa_bench.scenario import scenario_from_text
 
 TOL = Tolerance(1.3e-6, 1e-5)
@@ -28,6 +29,17 @@ def test_envelope_scales_with_the_tensor():
     assert tol.atol > 1e-5 and tol.rtol == 1.3e-6
     assert envelope_ratio(truth + tol.atol / 2, truth, tol) < 1
     assert compare("t", truth + 1.0, truth, tol) is not None  # an O(1) error is no rounding
+
+
+def test_one_tolerance_argument_sets_all_some_or_none_of_the_envelope():
+    """E1/E2 take one ``tol``: a Tolerance replaces the envelope, an Allowance replaces only the
+    rtol or atol a scenario sets, ``ENVELOPE`` is the envelope itself."""
+    envelope = envelope_tolerance(torch.full((10,), 10.0), torch.float32)
+    assert ENVELOPE.over(envelope) == envelope
+    assert TOL.over(envelope) == TOL
+    assert Allowance(rtol=0.5).over(envelope) == Tolerance(0.5, envelope.atol)
+    assert Allowance(atol=0.25).over(envelope) == Tolerance(envelope.rtol, 0.25)
+    assert Allowance(0.5, 0.25).over(envelope) == Tolerance(0.5, 0.25)
 
 
 def test_unwritten_cache_slots_do_not_shrink_the_envelope():

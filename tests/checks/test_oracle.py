@@ -97,8 +97,9 @@ def test_agrees_with_the_engine_plan(policy):
                [R(30, cached_len=24), R(14, cached_len=4)]]
     for mode in ("eager", "piecewise", "full"):
         for threshold in (None, 64):
-            config = EngineConfig(policy=policy, graph_mode=mode, trim_threshold=threshold,
-                                  capture_sizes=(8, 16, 32, 64, 128)).resolved(args.window)
+            config = EngineConfig.for_model(args, policy=policy, graph_mode=mode,
+                                            trim_threshold=threshold,
+                                            capture_sizes=(8, 16, 32, 64, 128))
             for batch in batches:
                 plan = plan_step(batch, config, args)
                 exp = oracle.expect_step(

@@ -29,7 +29,7 @@ def tiny():
 @pytest.mark.parametrize("policy", [p for p in ORACLE_POLICIES if p != "full"])
 def test_e1_per_policy(tiny, policy):
     inputs = StepInputs.seeded(BATCH, tiny.args.vocab_size, 1, cache_indices=[7, 2, 9, 0, 4])
-    config = EngineConfig(policy=policy)
+    config = EngineConfig.for_model(tiny.args, policy=policy)
     expected = expect_for(Engine(tiny, config), inputs.requests)
     assert expected.replays and expected.trims, expected.reason
     result = check_e1(tiny, inputs, config, decode_steps=2)

@@ -37,7 +37,7 @@ def _sparse_step():
     model, _ = build_model(args, seed=3)
     inputs = StepInputs.seeded([RequestSpec(prompt_len=40), RequestSpec(prompt_len=23)],
                                args.vocab_size, seed=5, cache_indices=[2, 0])
-    eng = Engine(model, EngineConfig(policy="bounded"))
+    eng = Engine(model, EngineConfig.for_model(model.args, policy="bounded"))
     inputs.fill_context(eng)
     pristine = twin_of(eng)
     reqs, toks, idx = inputs.requests, inputs.step_tokens, inputs.cache_indices
@@ -105,7 +105,7 @@ def test_near_tie_passes_and_the_truth_reruns_on_the_given_selection():
 
 def test_e1_and_e2_report_the_selections_on_a_sparse_model():
     model, inputs, *_ = _sparse_step()
-    config = EngineConfig(policy="bounded")
+    config = EngineConfig.for_model(model.args, policy="bounded")
     e1 = check_e1(model, inputs, config, decode_steps=2)
     e2 = check_e2(model, inputs, config)
     assert e1.passed and "top-k selections equal" in e1.message

@@ -61,8 +61,8 @@ def test_halo_agrees_with_full_on_every_prompt_and_bounded_is_measured(trained, 
 
 def test_e1_to_e5_pass_on_the_trained_weights(trained):
     inputs = StepInputs.held_out_text([R(40), R(20, decode=True), R(30, cached_len=5)], seed=1)
-    config = EngineConfig(policy="bounded")
-    graphs = [EngineConfig(policy="bounded", graph_mode=mode, trim_threshold=32,
+    config = EngineConfig.for_model(trained.args, policy="bounded")
+    graphs = [EngineConfig.for_model(trained.args, graph_mode=mode, trim_threshold=32,
                            capture_sizes=(8, 16, 32, 64, 128)) for mode in ("piecewise", "full")]
     e3 = [check_e3(trained, inputs, graph) for graph in graphs]
     assert all("padded sizes" in r.message for r in e3), "E3 must compare graphs with eager"

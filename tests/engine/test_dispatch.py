@@ -56,10 +56,10 @@ def test_plan_follows_the_spec(tiny_args, name):
         ["bounded", "halo", "full"], ["eager", "piecewise", "full"], [9, 32, 64], [0, 40]
     )
     for policy, mode, threshold, eager_threshold in grid:
-        config = EngineConfig(
-            policy=policy, graph_mode=mode, trim_threshold=threshold,
+        config = EngineConfig.for_model(
+            tiny_args, policy=policy, graph_mode=mode, trim_threshold=threshold,
             eager_trim_threshold=eager_threshold, capture_sizes=CAPTURE_SIZES,
-        ).resolved(tiny_args.window)
+        )
         plan = plan_step(requests, config, tiny_args)
         want = expected(requests, policy, mode, threshold, eager_threshold, tiny_args)
         got = (plan.graph_size, plan.replays, plan.kept_lens)
@@ -70,16 +70,14 @@ def test_plan_follows_the_spec(tiny_args, name):
 def test_capture_plans_by_padded_size_alone(tiny_args):
     """A graph's route is fixed at capture by its size: the dummy batch of a size at or above
     trim_threshold replays (with nothing to keep), one below does not."""
-    config = EngineConfig(graph_mode="piecewise", trim_threshold=32, capture_sizes=CAPTURE_SIZES)
-    config = config.resolved(tiny_args.window)
+    config = EngineConfig.for_model(tiny_args, graph_mode="piecewise", trim_threshold=32,
+                                    capture_sizes=CAPTURE_SIZES)
     assert plan_step([], config, tiny_args, capture_size=32).replays
     assert not plan_step([], config, tiny_args, capture_size=16).replays
-    full = EngineConfig(graph_mode="full", capture_sizes=CAPTURE_SIZES).resolved(tiny_args.window)
+    full = EngineConfig.for_model(tiny_args, graph_mode="full", capture_sizes=CAPTURE_SIZES)
     assert not plan_step([], full, tiny_args, capture_size=64).replays
 
 
 def test_piecewise_threshold_must_exceed_the_window(tiny_args):
-    with pytest.raises(ValueError, match="must exceed W"):
-        EngineConfig(graph_mode="piecewise", trim_threshold=tiny_args.window).resolved(
-            tiny_args.window
-        )
+    with pytest.raises(ValueError, match="trim_threshold: must exceed the model window"):
+        EngineConfig.for_model(tiny_args, graph_mode="piecewise", trim_threshold=tiny_args.window)

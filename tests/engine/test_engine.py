@@ -8,13 +8,14 @@ import torch
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.args import PRESETS
 from swa_bench.model.cache import KVCache
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
 
-EAGER = EngineConfig(policy="bounded")
-PIECEWISE = EngineConfig(graph_mode="piecewise", policy="bounded", trim_threshold=16,
-                         capture_sizes=(8, 16, 32, 64))
+EAGER = EngineConfig.for_model(PRESETS["tiny"], policy="bounded")
+PIECEWISE = EngineConfig.for_model(PRESETS["tiny"], graph_mode="piecewise", policy="bounded",
+                                   trim_threshold=16, capture_sizes=(8, 16, 32, 64))
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,8 @@ def test_the_model_holds_no_cache(tiny_model):
 
 def test_a_captured_graph_refuses_another_cache(tiny_args):
     model, _ = build_model(tiny_args, seed=0)
-    engine = Engine(model, EngineConfig(graph_mode="piecewise", capture_sizes=(8,)))
+    engine = Engine(model, EngineConfig.for_model(tiny_args, graph_mode="piecewise",
+                                                  capture_sizes=(8,)))
     requests, tokens = [RequestSpec(5)], [[1, 2, 3, 4, 5]]
     plan = engine.plan(requests)
     engine.capture()

@@ -42,7 +42,8 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 def test_graph_replay_is_bitwise_eager(tiny_args, device, mode):
     model, _ = build_model(tiny_args, seed=0, device=device)
-    config = EngineConfig(
+    config = EngineConfig.for_model(
+        tiny_args,
         graph_mode=mode,
         policy="bounded",
         trim_threshold=TRIM_THRESHOLD,
@@ -78,7 +79,8 @@ def test_graph_replay_is_bitwise_eager(tiny_args, device, mode):
 def test_piecewise_breaks_at_attention_and_replay_layers(tiny_args, device):
     model, _ = build_model(tiny_args, seed=0, device=device)
     engine = Engine(
-        model, EngineConfig(graph_mode="piecewise", trim_threshold=16, capture_sizes=(8, 16))
+        model, EngineConfig.for_model(tiny_args, graph_mode="piecewise", trim_threshold=16,
+                                      capture_sizes=(8, 16))
     )
     engine.capture()
     n = tiny_args.n_layers
@@ -86,7 +88,7 @@ def test_piecewise_breaks_at_attention_and_replay_layers(tiny_args, device):
     assert small.num_breaks == n, "below the threshold: one break per attention"
     # Above it: attention breaks before S, then one break for all the replay layers.
     assert large.num_breaks == tiny_args.last_kv_source + 1
-    full = Engine(model, EngineConfig(graph_mode="full", capture_sizes=(8,)))
+    full = Engine(model, EngineConfig.for_model(tiny_args, graph_mode="full", capture_sizes=(8,)))
     full.capture()
     assert full.graphs.graphs[8].num_breaks == 0 and full.graphs.graphs[8].num_segments == 1
 
@@ -95,7 +97,8 @@ def test_piecewise_breaks_at_attention_and_replay_layers(tiny_args, device):
 def test_break_buffers_keep_their_address(tiny_args, device):
     model, _ = build_model(tiny_args, seed=0, device=device)
     engine = Engine(
-        model, EngineConfig(graph_mode="piecewise", trim_threshold=16, capture_sizes=(8, 16, 32))
+        model, EngineConfig.for_model(tiny_args, graph_mode="piecewise", trim_threshold=16,
+                                      capture_sizes=(8, 16, 32))
     )
     engine.capture()
     buffers = engine.graphs.buffers.buffers

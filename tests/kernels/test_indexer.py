@@ -103,7 +103,7 @@ def test_the_sparse_model_selects_the_same_positions_through_the_kernel(interpre
                         lambda *a: calls.append(a[1].shape) or index_scores_fused(*a))
     selections = {}
     for backend in ("torch", "triton"):
-        engine = Engine(model, EngineConfig(kernels=KernelSettings(backend)))
+        engine = Engine(model, EngineConfig.for_model(model.args, kernels=KernelSettings(backend)))
         load.fill_context(engine)
         out = engine.reference_step(load.requests, load.step_tokens)
         selections[backend] = out.context.index_selection

@@ -90,7 +90,7 @@ def mixed_step_logits(model, vocab_size, calls=None):
     """A mixed step's logits (the decodes' context filled first; ``calls`` cleared then)."""
     requests = [RequestSpec(prompt_len=20), RequestSpec(prompt_len=9, decode=True)] * 2
     inputs = StepInputs.seeded(requests, vocab_size, 0)
-    engine = Engine(model, EngineConfig(policy="bounded", trim_threshold=8).reference())
+    engine = Engine(model, EngineConfig.for_model(model.args, policy="full"))
     inputs.fill_context(engine)
     if calls is not None:
         calls.clear()

@@ -64,17 +64,17 @@ def test_e4_with_the_indexer(indexed):
 
 def test_replay_equivalences_with_the_indexer(indexed):
     load = StepInputs.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 5)
-    e1 = check_e1(indexed, load, EngineConfig(), decode_steps=4, tol=TOL)
+    e1 = check_e1(indexed, load, EngineConfig.for_model(indexed.args), decode_steps=4, tol=TOL)
     assert e1.passed, e1.message
-    e2 = check_e2(indexed, load, EngineConfig(policy="halo"), tol=TOL)
+    e2 = check_e2(indexed, load, EngineConfig.for_model(indexed.args, policy="halo"), tol=TOL)
     assert e2.passed, e2.message
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 def test_graphs_are_bitwise_eager_with_the_indexer(indexed, mode):
     load = StepInputs.seeded(mixed(indexed.args.window), indexed.args.vocab_size, 6)
-    config = EngineConfig(
-        graph_mode=mode, trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128)
+    config = EngineConfig.for_model(
+        indexed.args, graph_mode=mode, trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128)
     )
     result = check_e3(indexed, load, config)
     assert result.passed, result.message

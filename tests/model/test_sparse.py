@@ -144,7 +144,7 @@ def test_e4_on_the_sparse_preset(sparse_model):
 @pytest.mark.parametrize("policy", ["bounded", "halo", "final_window", "tail"])
 def test_e1_for_every_replaying_policy(sparse_model, policy):
     load = StepInputs.seeded(mixed(ARGS.window), ARGS.vocab_size, 5)
-    config = EngineConfig(policy=policy)
+    config = EngineConfig.for_model(sparse_model.args, policy=policy)
     expected = expect_for(Engine(sparse_model, config), load.requests)
     assert expected.replays and expected.trims, "the mixed batch must trim under every policy"
     result = check_e1(sparse_model, load, config, decode_steps=3, tol=TOL)
@@ -153,15 +153,16 @@ def test_e1_for_every_replaying_policy(sparse_model, policy):
 
 def test_e2_on_the_sparse_preset(sparse_model):
     load = StepInputs.seeded(mixed(ARGS.window), ARGS.vocab_size, 6)
-    result = check_e2(sparse_model, load, EngineConfig(policy="halo"), tol=TOL)
+    halo = EngineConfig.for_model(sparse_model.args, policy="halo")
+    result = check_e2(sparse_model, load, halo, tol=TOL)
     assert result.passed, result.message
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("piecewise", "bounded"), ("full", "final_window")])
 def test_e3_graphs_are_bitwise_eager_on_the_sparse_preset(sparse_model, mode, policy):
     load = StepInputs.seeded(mixed(ARGS.window), ARGS.vocab_size, 7)
-    config = EngineConfig(policy=policy, graph_mode=mode, trim_threshold=32,
-                          capture_sizes=(8, 16, 32, 64, 128))
+    config = EngineConfig.for_model(sparse_model.args, policy=policy, graph_mode=mode,
+                                    trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128))
     result = check_e3(sparse_model, load, config)
     assert result.passed, result.message
 
@@ -169,7 +170,8 @@ def test_e3_graphs_are_bitwise_eager_on_the_sparse_preset(sparse_model, mode, po
 @pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
 def test_e5_on_the_sparse_preset(sparse_model, mode):
     load = StepInputs.seeded(mixed(ARGS.window), ARGS.vocab_size, 8)
-    config = EngineConfig(graph_mode=mode, trim_threshold=32, capture_sizes=(8, 16, 32, 64, 128))
+    config = EngineConfig.for_model(sparse_model.args, graph_mode=mode, trim_threshold=32,
+                                    capture_sizes=(8, 16, 32, 64, 128))
     result = check_e5(sparse_model, load, config)
     assert result.passed, result.message
 

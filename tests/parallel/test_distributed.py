@@ -48,9 +48,9 @@ def _dp(rank):
     inputs = StepInputs.seeded(DP_BATCHES[rank], args.vocab_size, rank)
     out = {}
     for mode in ("eager", "piecewise"):
-        config = EngineConfig(graph_mode=mode, capture_sizes=SIZES).resolved(args.window)
+        config = EngineConfig.for_model(args, graph_mode=mode, capture_sizes=SIZES)
         out[mode] = [_summary(c) for c in check_dp(model, inputs, config, dist.group.WORLD)]
-    config = EngineConfig(capture_sizes=SIZES).resolved(args.window)
+    config = EngineConfig.for_model(args, capture_sizes=SIZES)
     out["fault"] = [
         _summary(c) for c in check_dp(model, inputs, config, dist.group.WORLD, disagree=rank == 1)
     ]
@@ -65,7 +65,7 @@ def _tp(rank):
         sharded, _ = build_sharded_model(args, layout, rank, dist.group.WORLD, seed=0)
         one_rank, _ = build_model(args, seed=0)
         inputs = StepInputs.seeded(TP_BATCH, args.vocab_size, 0)
-        config = EngineConfig(graph_mode=mode, capture_sizes=SIZES).resolved(args.window)
+        config = EngineConfig.for_model(args, graph_mode=mode, capture_sizes=SIZES)
         checks = [check_tp(sharded, one_rank, inputs, config)]
         if mode != "eager":
             checks.append(check_e3(sharded, inputs, config))

@@ -28,7 +28,7 @@ def test_layouts_that_do_not():
 
 def test_a_rank_with_nothing_to_trim_follows_the_agreement():
     args = PRESETS["tiny"]  # W = 8
-    config = EngineConfig(graph_mode="piecewise", capture_sizes=(8, 16, 64)).resolved(args.window)
+    config = EngineConfig.for_model(args, graph_mode="piecewise", capture_sizes=(8, 16, 64))
     short = [RequestSpec(prompt_len=6), RequestSpec(prompt_len=24, decode=True)]
     alone = plan_step(short, config, args)
     assert (alone.replays, alone.graph_size) == (False, 8)  # 7 tokens pad to 8 < threshold 9

@@ -56,12 +56,13 @@ def test_e1_replay_equals_bounded_reference(tiny_model, workload):
     w = tiny_model.args.window
     expected = expect_for(Engine(tiny_model), workload.requests)
     assert expected.replays and expected.trims, expected.reason
-    result = check_e1(tiny_model, workload, EngineConfig(), decode_steps=2 * w, tol=TOL)
+    result = check_e1(tiny_model, workload, EngineConfig.for_model(tiny_model.args),
+                      decode_steps=2 * w, tol=TOL)
     assert result.passed, result.message
 
 
 def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload):
-    halo = EngineConfig(policy="halo")
+    halo = EngineConfig.for_model(tiny_model.args, policy="halo")
     expected = expect_for(Engine(tiny_model, halo), workload.requests)
     assert expected.replays and expected.trims, expected.reason
     result = check_e2(tiny_model, workload, halo, tol=TOL)
@@ -74,7 +75,7 @@ def test_e2_halo_equals_full_prefill_while_bounded_differs(tiny_model, workload)
 
 
 def test_e5_nothing_to_trim_is_bitwise_reference(tiny_model, workload):
-    result = check_e5(tiny_model, workload, EngineConfig())
+    result = check_e5(tiny_model, workload, EngineConfig.for_model(tiny_model.args))
     assert result.passed, result.message
 
 
@@ -198,9 +199,11 @@ def test_e1_holds_when_attention_runs_in_many_query_chunks(tiny_model, workload,
     args = tiny_model.args
     assert attention.varlen_chunk_rows(7 * args.window, 7 * args.window, args.n_heads,
                                        args.window, torch.device("cpu")) < args.window
-    result = check_e1(tiny_model, workload, EngineConfig(), decode_steps=2, tol=TOL)
+    result = check_e1(tiny_model, workload, EngineConfig.for_model(tiny_model.args),
+                      decode_steps=2, tol=TOL)
     assert result.passed, result.message
-    e2 = check_e2(tiny_model, workload, EngineConfig(policy="halo"), tol=TOL)
+    e2 = check_e2(tiny_model, workload, EngineConfig.for_model(tiny_model.args, policy="halo"),
+                  tol=TOL)
     assert e2.passed, e2.message
     e4 = check_e4(tiny_model, workload, tol=TOL, kernels=KernelSettings())
     assert e4.passed, e4.message
@@ -212,7 +215,7 @@ def test_a_request_keeping_no_row_writes_no_decoder_ring(tiny_model):
     args = tiny_model.args
     requests = [RequestSpec(prompt_len=100, chunk_size=40), RequestSpec(prompt_len=30)]
     load = StepInputs.seeded(requests, args.vocab_size, 9)
-    engine = Engine(tiny_model, EngineConfig(policy="final_window"))
+    engine = Engine(tiny_model, EngineConfig.for_model(tiny_model.args, policy="final_window"))
     out = engine.step(load.requests, load.step_tokens)
     assert out.replay_batch.kept_lens == (0, args.window)
     assert [lay.q_len for lay in out.replay_batch.forward_context.attn_metadata.layouts] == [0, 8]

@@ -9,10 +9,11 @@ import io
 import pytest
 from rich.console import Console
 
-from swa_bench.compare import compare_command, compare_runs
+from swa_bench.compare import compare_runs
 from swa_bench.engine.config import triton_interpreting
 from swa_bench.results import load_results
 from swa_bench.run.commands import run_scenarios
+from swa_bench.run.compare import compare_command
 
 # Three layers and one stream: the interpreter takes about 2 s a forward of this model, 40 s of
 # the tiny preset's eight layers and four mHC streams.

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from swa_bench.checks.tolerance import DEFAULT_TOLERANCES
+from swa_bench.engine.config import EngineConfig
+from swa_bench.graphs.capture_sizes import default_capture_sizes
 from swa_bench.kernels import KernelSettings, TileConfig
 from swa_bench.model.args import PRESETS
 from swa_bench.model.requests import RequestSpec
 from swa_bench.scenario import (
     Scenario,
     ScenarioError,
-    default_capture_sizes,
     default_scenario_path,
     expand_cases,
     load_scenario,
@@ -43,11 +44,11 @@ def test_resolution_follows_the_model_window():
     s = scenario_from_text(MINIMAL + "model: {preset: small, overrides: {window: 16}}\n")
     assert s.model_args().window == 16
     assert s.model_args().n_layers == PRESETS["small"].n_layers
-    assert s.resolved_trim_threshold() == 17
+    assert s.engine_config().trim_threshold == 17
     assert s.continuation_steps() == 32
     explicit = scenario_from_text(MINIMAL + "trim_threshold: 40\n"
                                   "checks: {approximation: {continuation_steps: 20}}\n")
-    assert explicit.resolved_trim_threshold() == 40
+    assert explicit.engine_config().trim_threshold == 40
     assert explicit.continuation_steps() == 20
 
 
@@ -80,9 +81,44 @@ def test_default_capture_sizes_are_vllms_list():
     assert [s for s in sizes if s >= 256] == list(range(256, 513, 16))
     assert default_capture_sizes(100)[-1] == 96
     s = scenario_from_text(MINIMAL + "max_capture_size: 64\n")
-    assert s.resolved_capture_sizes() == default_capture_sizes(64)
+    assert s.engine_config().capture_sizes == tuple(default_capture_sizes(64))
     s = scenario_from_text(MINIMAL + "capture_sizes: [16, 48]\nmax_capture_size: 8\n")
-    assert s.resolved_capture_sizes() == [16, 48]
+    assert s.engine_config().capture_sizes == (16, 48)
+
+
+def test_a_minimal_scenario_resolves_the_engines_defaults():
+    """The scenario leaves every engine default to ``EngineConfig.for_model``: a file that sets
+    nothing gets exactly what a caller that sets nothing gets, and every field is set."""
+    s = scenario_from_text(MINIMAL)
+    config = s.engine_config()
+    assert config == EngineConfig.for_model(s.model_args())
+    assert config.trim_threshold == s.model_args().window + 1
+    assert config.capture_sizes == tuple(default_capture_sizes(512))
+    assert (config.policy, config.graph_mode, config.eager_trim_threshold, config.halo_align) == (
+        s.policy, s.graph_mode, s.eager_trim_threshold, s.halo_align)
+
+
+def test_the_engine_refuses_what_the_scenario_refuses():
+    """One rule each for trim_threshold and capture sizes: the scenario names its field, the
+    engine's config raises with the same words."""
+    args = PRESETS["tiny"]
+    with pytest.raises(ScenarioError, match="trim_threshold: must exceed the model window W=16"):
+        load_scenario(Path(__file__).parent / "malformed" / "trim_threshold_le_window.yaml")
+    w = args.window
+    with pytest.raises(ValueError, match=f"trim_threshold: must exceed the model window W={w}"):
+        EngineConfig.for_model(args, trim_threshold=w)
+    assert EngineConfig.for_model(args, trim_threshold=w + 1).trim_threshold == w + 1
+    for sizes, words in (((), "must not be empty"), ((16, 8), "must be strictly increasing"),
+                         ((8, 8), "must be strictly increasing"), ((0, 8), "must be >= 1")):
+        with pytest.raises(ValueError, match=f"capture_sizes: {words}"):
+            EngineConfig.for_model(args, capture_sizes=sizes)
+        if sizes and min(sizes) > 0:
+            with pytest.raises(ScenarioError, match=f"capture_sizes: {words}"):
+                scenario_from_text(MINIMAL + f"capture_sizes: {list(sizes)}\n")
+    with pytest.raises(ValueError, match="capture_sizes: must be a tuple"):
+        EngineConfig(policy="full", graph_mode="eager", trim_threshold=w + 1,
+                     eager_trim_threshold=0, capture_sizes=[8], halo_align=1,
+                     kernels=KernelSettings())
 
 
 def test_tolerances_default_per_dtype_and_bitwise_checks_are_exact():
