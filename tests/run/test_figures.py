@@ -81,7 +81,7 @@ def flops_of(model, inputs: StepInputs, size, kept, mode) -> int:
     replay_batch = None if kept is None else build_replay_batch(step, kept, ARGS)
     ctx = ForwardContext(step.metadata, step.logits_indices, BatchDescriptor(step.num_padded),
                          replay_batch=replay_batch,
-                         attention_backend="static" if size and mode == "full" else "varlen")
+                         shape_mode="static" if size and mode == "full" else "varlen")
     return count_flops(lambda: run_forward(model, step, ctx))
 
 
