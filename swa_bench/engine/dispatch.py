@@ -2,7 +2,8 @@
 
 vLLM's model runner decides a step's runtime mode and batch descriptor once and the forward
 reads them; ``plan_step`` is that decision here. The engine carries its result into the forward
-context (the replay batch, or none), the capture code plans its dummy batches with it, and the
+context (the replay batch, or none, and the shape mode attention gathers its keys in: static
+inside a FULL graph), the capture code plans its dummy batches with it, and the
 figures a run reports (kept rows, FLOPs, the ideal speedup) come from the plan of the step that
 actually ran. Nothing else re-derives it.
 """

@@ -11,9 +11,11 @@ A row reads two key sources (K = V, the MQA latent):
   ``j < visible_counts(t, seq_len, r)`` (``j <= t`` at ratio 1, ``j < (t + 1) // r`` pooled, and
   inside the request's sequence, so a padded row sees none).
 
-Every attention path (dense and sparse; varlen and static shapes; PyTorch and Triton), the
-indexer and the training forward read these definitions, so one masking change lands once and
-E3's bitwise comparisons see the same keys on every path. What depends only on a step's metadata
+Every attention path (dense and sparse; varlen and static shapes; PyTorch and Triton) and the
+indexer read these definitions, and the training forward its pooling and visibility (its window
+is the dense ``[T, T]`` mask of the same positions), so one masking change lands here once and
+E3's bitwise comparisons see the same keys on every path. The Triton kernels restate the rule in
+their own arithmetic and are tested against these functions. What depends only on a step's metadata
 (the window index, global row offsets, visible counts) is computed once per metadata
 (``AttentionMetadata.derived_tensor``) and shared by the step's layers. The keys themselves are
 cache contents, which each reading layer takes from the cache.
@@ -47,7 +49,8 @@ def pool(rows: torch.Tensor, ratio: int) -> torch.Tensor:
     return rows[..., : n * ratio, :].reshape(*rows.shape[:-2], n, ratio, rows.shape[-1]).mean(-2)
 
 
-def visible_counts(positions, seq_len, ratio: int):
+def visible_counts(positions: int | torch.Tensor, seq_len: int | torch.Tensor,
+                   ratio: int) -> int | torch.Tensor:
     """How many global keys each query position sees: key ``j`` is visible at ``t`` iff
     ``j < visible_counts(t, ...)``. Causal, ``(t + 1) // r`` (``j <= t`` at full resolution; a
     pooled key once its whole group is), and inside the sequence, ``j * r < seq_len``.
