@@ -6,7 +6,7 @@ counter sees the same matmuls: GEMMs, the batched GEMMs of attention and the ind
 grouped GEMMs of the routed experts). Counted as the code runs them:
 
 * attention reads W window columns per row, plus the top-k selection (sparse) or every visible
-  global position up to its chunk's last one (dense, chunked as ``varlen_attention`` chunks);
+  global position up to its chunk's last one (dense, chunked as ``attention``'s varlen walk chunks);
 * the indexer scores each row of an index source against the keys up to its chunk's last
   position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head; the
   fused kernel (the ``kernels`` counted for: Triton's) against the keys up to its row block's

@@ -25,11 +25,11 @@ from swa_bench.engine.config import kernel_settings_from_environment, resolve_ke
 from swa_bench.kernels import Kernels, KernelSettings, TileConfig, mqa_attention_flops
 from swa_bench.kernels.config import TILE_CANDIDATES
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.attention import GlobalKV, causal_key_total, varlen_attention
+from swa_bench.model.attention import attend
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, make_metadata
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
-from swa_bench.model.sparse_attention import sparse_varlen_attention
+from swa_bench.model.key_sources import GlobalKV, causal_key_total
 
 PROBLEMS = ("window", "compressed", "dense", "sparse")
 
@@ -144,8 +144,8 @@ def problems(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dt
             keys = w + top_k
             out.append(Problem(
                 name,
-                lambda g=global_kv, s=selection: sparse_varlen_attention(
-                    q, kv, meta, cache, source, g, sink, s),
+                lambda g=global_kv, s=selection: attend(
+                    q, kv, meta, cache, source, g, sink, s, "varlen"),
                 mqa_attention_flops(tokens, h, d, keys),
                 qo_bytes + tokens * keys * (d * elt + 8),
                 keys,
@@ -159,7 +159,7 @@ def problems(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dt
         key_rows = tokens + (tokens // ratio if ratio else 0)
         out.append(Problem(
             name,
-            lambda g=global_kv: varlen_attention(q, kv, meta, cache, source, g, sink),
+            lambda g=global_kv: attend(q, kv, meta, cache, source, g, sink, None, "varlen"),
             mqa_attention_flops(tokens, h, d, w, causal),
             qo_bytes + index_bytes + key_rows * d * elt,
             w + causal / tokens,

@@ -94,6 +94,7 @@ def structure(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Diagno
     diags = [
         _differs(f"{prefix}route.graph_size", out.plan.graph_size, exp.graph_size),
         _differs(f"{prefix}route.replays", out.plan.replays, exp.replays),
+        _differs(f"{prefix}route.shape_mode", out.plan.shape_mode, exp.shape_mode),
         _differs(f"{prefix}route.replay_batch_built", out.replay_batch is not None, exp.replays),
     ]
     want_lens = exp.kept_lens if exp.replays else tuple(r.query_len for r in out.step.requests)

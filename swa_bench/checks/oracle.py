@@ -7,10 +7,10 @@ imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test e
 
 * ``kept_len``/``expect_step``: which rows each request keeps under every policy, where its
   windows start, whether the step trims, which route it takes (graph size, replay batch or not,
-  attention backend) given the graph mode and thresholds;
+  attention's shape mode) given the graph mode and thresholds;
 * ``oracle_forward``: the same step run through the model with metadata, gather and scatter built
   here (its own replay route, ``KeptRows``, in a context of its own: the model is not touched),
-  at the padded shape and backend the oracle expects. When the engine is right it runs the
+  at the padded shape and shape mode the oracle expects. When the engine is right it runs the
   same kernels on the same shapes as the engine, so the two agree **bitwise**; a selection,
   gather, scatter or routing bug shows as a mismatch whatever the dtype;
 * ``bounded_reference_metadata``: the full-batch bounded reference of SPEC E1 (decoder windows
@@ -104,7 +104,7 @@ class Expected:
 
     graph_size: int | None
     replays: bool
-    backend: str
+    shape_mode: str
     kept_lens: tuple[int, ...]
     rows: tuple[int, ...]
     batch_starts: tuple[int, ...]
@@ -171,7 +171,7 @@ def expect_step(
     return Expected(
         graph_size=size,
         replays=replays,
-        backend="static" if size is not None and graph_mode == "full" else "varlen",
+        shape_mode="static" if size is not None and graph_mode == "full" else "varlen",
         kept_lens=tuple(kept),
         rows=tuple(rows),
         batch_starts=tuple(batch_start(r, window) for r in requests),
@@ -277,7 +277,7 @@ def oracle_forward(
     expected: Expected,
 ) -> OracleOutput:
     """The step on ``engine``'s model and cache as ``expected`` says it runs: eagerly at its
-    padded shape, attention backend and kernels (a graph replays exactly these kernels), with the
+    padded shape, shape mode and kernels (a graph replays exactly these kernels), with the
     oracle's kept rows and window starts. Only the model's packing (``Engine.prepare``) is
     shared."""
     step = engine.prepare(requests, tokens, cache_indices, pad_to=expected.graph_size)
@@ -292,7 +292,7 @@ def oracle_forward(
         logits_indices=step.logits_indices,
         cache=engine.cache,
         kernels=engine.kernels,
-        attention_backend=expected.backend,
+        shape_mode=expected.shape_mode,
         replay_batch=kept,
     )
     with torch.inference_mode(), set_forward_context(ctx):

@@ -2,7 +2,8 @@
 
 vLLM's model runner decides a step's runtime mode and batch descriptor once and the forward
 reads them; ``plan_step`` is that decision here. The engine carries its result into the forward
-context (the replay batch, or none), the capture code plans its dummy batches with it, and the
+context (the replay batch, or none, and the shape mode attention gathers its keys in: static
+inside a FULL graph), the capture code plans its dummy batches with it, and the
 figures a run reports (kept rows, FLOPs, the ideal speedup) come from the plan of the step that
 actually ran. Nothing else re-derives it.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from swa_bench.engine.config import EngineConfig
 from swa_bench.graphs.capture_sizes import padded_size
 from swa_bench.model.args import ModelArgs
+from swa_bench.model.forward_context import ShapeMode
 from swa_bench.model.requests import RequestSpec
 from swa_bench.replay.row_selection import halo_size, kept_lens, trims
 
@@ -36,6 +38,7 @@ class StepPlan:
     query length when the decoder runs on the whole batch)."""
 
     graph_size: int | None  # the capture size the step replays at; None: it runs eagerly
+    shape_mode: ShapeMode  # how attention gathers its keys (``shape_mode_for``)
     replays: bool  # the rest of S and the decoder run on a replay batch of kept rows
     kept_lens: tuple[int, ...]
     num_tokens: int
@@ -72,6 +75,13 @@ def graph_size_for(
     return padded_size(sum(r.query_len for r in requests), config.capture_sizes)
 
 
+def shape_mode_for(graph_size: int | None, config: EngineConfig) -> ShapeMode:
+    """``static`` for a step that replays a FULL graph (its attention is captured, so it reads only
+    device metadata at static shapes), ``varlen`` otherwise: eager steps and PIECEWISE graphs,
+    whose attention runs as an eager break."""
+    return "static" if graph_size is not None and config.graph_mode == "full" else "varlen"
+
+
 def plan_step(
     requests: Sequence[RequestSpec],
     config: EngineConfig,
@@ -95,6 +105,7 @@ def plan_step(
         shape = "eager" if agreed.graph_size is None else f"graph of {agreed.graph_size}"
         return StepPlan(
             graph_size=agreed.graph_size,
+            shape_mode=shape_mode_for(agreed.graph_size, config),
             replays=agreed.replays,
             kept_lens=lens if agreed.replays else query,
             num_tokens=num_tokens,
@@ -119,6 +130,7 @@ def plan_step(
         replays, reason = True, "eager step: some request loses rows"
     return StepPlan(
         graph_size=size,
+        shape_mode=shape_mode_for(size, config),
         replays=replays,
         kept_lens=lens if replays else query,
         num_tokens=num_tokens,

@@ -131,19 +131,18 @@ class Engine:
         self, step: StepBatch, plan: StepPlan, cache: KVCache, timer: RegionTimer | None = None
     ) -> ForwardContext:
         """The context ``plan`` calls for on ``cache``: its replay batch (or none) and its
-        attention kernel. ``cache`` is this engine's but for ``eager_equivalent(on=)``."""
+        shape mode. ``cache`` is this engine's but for ``eager_equivalent(on=)``."""
         replay_batch = None
         if plan.replays:
             with region(timer, "prepare"):
                 replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache,
                                                   self.kernels)
-        in_full_graph = plan.graph_size is not None and self.config.graph_mode == "full"
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
             cache=cache,
             kernels=self.kernels,
-            attention_backend="static" if in_full_graph else "varlen",
+            shape_mode=plan.shape_mode,
             replay_batch=replay_batch,
             timer=timer,
         )
@@ -213,7 +212,8 @@ class Engine:
         )
         logits, streams = run_forward(self.model, step, ctx)
         query = tuple(r.query_len for r in requests)
-        plan = StepPlan(None, False, query, sum(query), "reference: every layer on every row")
+        plan = StepPlan(graph_size=None, shape_mode="varlen", replays=False, kept_lens=query,
+                        num_tokens=sum(query), reason="reference: every layer on every row")
         return StepOutput(logits, streams, step, plan, None, ctx)
 
     def policy_kept_lens(self, requests: Sequence[RequestSpec]) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """``window_index_rows``: each query row's window keys as rows of ``cat([ring, kv])`` in one
 launch (Triton), on the Triton backend.
 
-``model.attention._window_index`` computes the same integers in about twenty tensor ops (a
+``model.key_sources._window_index`` computes the same integers in about twenty tensor ops (a
 gather per metadata field, the arithmetic, the masks): once per attention metadata, so once a
 step, three times on a replay step (the step's, the replay batch's, S's keys), which on a small
 step costs the host more than every layer's attention kernel. Integer results: equal either

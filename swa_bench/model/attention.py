@@ -1,35 +1,46 @@
-"""Attention kernels: one softmax over a row's window KV and the global (or compressed) KV it sees.
+"""Attention of a layer's query rows: one softmax, with a per-head sink, over the keys each row
+reads (``key_sources``: its window and its visible or selected global keys).
 
-Two implementations compute the same function:
+``attend`` is the one entry. Dense layers read every visible global key, sparse ones the
+positions their index source selected (``sparse_attention``). Two choices shape the call:
 
-* ``varlen_attention`` loops over requests with host integers and chunks queries, slicing keys
-  causally; it is the eager path (and the eager break of PIECEWISE graphs). PyTorch's fused SDPA
-  does not take head dim 512, so this is the chunked path SPEC section 5 asks for.
-* ``static_attention`` reads only device metadata and gathers each row's keys at static shapes, so a
-  FULL graph can capture it. It costs O(rows x max_seq_len) memory: FULL graphs are for small steps.
+* **which kernel** (the forward context's ``Kernels``): where they are Triton's, one launch for
+  the step's rows (``swa_bench.kernels.mqa_attention``): each row's window keys gathered, its
+  global keys gathered or (dense) its causal prefix as a contiguous range, O(rows x visible
+  keys), the same bits at either shape mode (FULL graph == eager). The PyTorch code is the CPU
+  path and the oracle: ``gathered_attention``, the one reference softmax every PyTorch path
+  calls.
+* **how keys are gathered** (the forward context's ``shape_mode``): ``varlen`` walks the
+  requests with host integers and chunks their rows, a dense request's global keys a causal
+  prefix shared by the chunk's rows (the eager path and the eager break of PIECEWISE graphs;
+  PyTorch's fused SDPA does not take head dim 512, so this is the chunked path SPEC section 5
+  asks for); ``static`` reads only device metadata and gathers each row's keys at static shapes
+  from every request slot, so a FULL graph can capture it (O(rows x max_seq_len) memory: FULL
+  graphs are for small steps).
 
-On CUDA both run one Triton kernel instead (``swa_bench.kernels.mqa_attention``, where the
-forward context's ``Kernels`` are Triton's), one launch for the step's rows: each row's window
-keys gathered, then its
-causal global prefix as a contiguous range, so the cost is O(rows x visible keys) in either path
-and a row's result is the same bits in both (FULL graph == eager). The PyTorch code stays the CPU
-path and the oracle.
-
-Both read the window ring before this call's writes and write the ring afterwards: a step's early
-rows need positions the step itself overwrites.
+Every path reads the window ring before this call's writes and writes the ring afterwards: a
+step's early rows need positions the step itself overwrites.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from swa_bench.kernels import mqa_attention, window_index_rows
-from swa_bench.model.args import ModelArgs
-from swa_bench.model.batch import AttentionMetadata, RequestLayout
+from swa_bench.kernels import mqa_attention
+from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
-from swa_bench.model.forward_context import active_kernels
+from swa_bench.model.forward_context import ShapeMode, active_kernels
+from swa_bench.model.key_sources import (
+    GlobalKV,
+    layouts_causal_keys,
+    pool,
+    step_global_keys,
+    visible_counts,
+    visible_global_keys,
+    visible_mask,
+    visible_positions,
+    window_index,
+)
 
 
 def score_budget(device: torch.device) -> int:
@@ -37,12 +48,9 @@ def score_budget(device: torch.device) -> int:
     return 1 << 30 if device.type == "cuda" else 1 << 27
 
 
-@dataclass(frozen=True)
-class GlobalKV:
-    """What a layer reads besides its window: nothing, S's latent, or a source's pooled latent."""
-
-    source: int | None
-    ratio: int = 1  # 1: full resolution (S and the decoder); > 1: compressed (the encoder)
+def gather_budget(device: torch.device) -> int:
+    """Bytes of gathered keys per row chunk: 512 MiB on a GPU, 64 MiB on CPU."""
+    return 1 << 29 if device.type == "cuda" else 1 << 26
 
 
 def softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
@@ -69,124 +77,108 @@ def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (p.reshape(c * h, n).to(v.dtype) @ v).view(c, h, -1)
 
 
-def pooled(rows: torch.Tensor, ratio: int) -> torch.Tensor:
-    """Mean-pooled ``[n // ratio, d]`` (compressed KV); ``ratio`` 1 is the rows themselves."""
-    if ratio == 1:
-        return rows
-    n = rows.shape[0] // ratio
-    return rows[: n * ratio].view(n, ratio, rows.shape[-1]).mean(dim=1)
+def gathered_attention(
+    q: torch.Tensor,
+    sources: list[tuple[torch.Tensor, torch.Tensor]],
+    sink: torch.Tensor,
+    scale: float,
+    *,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """One softmax (a per-head sink in the denominator) over the keys each row gathers.
 
-
-def window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
-    """Each query row's window keys as rows of ``cat([ring, kv])``: ``[rows, W]``, -1 masked.
-
-    Positions at or after the request's first key row come from this forward's KV, earlier ones
-    from the ring (read before this call writes it); nothing below the window start is read.
-    Computed once per metadata (the step's layers share it).
+    ``q [T, H, D]``; each source is ``(kv [N, D], idx [T, K])``, ``idx`` long with -1 for a masked
+    column. K = V (MQA latent). ``shared`` is ``(kv [n, D], visible [T, n])``: keys every row of
+    the call reads, masked per row, as one GEMM without a gather (the varlen walk's causal
+    prefix); its scores come last. The signature is a kernel's: a Triton kernel replaces this on
+    CUDA. Rows are chunked by ``chunk_rows``, by default so that the gathered keys stay within
+    ``gather_budget``.
     """
-    return meta.derived_tensor(("window_index", ring_rows, window),
-                               lambda: _window_index(meta, ring_rows, window))
+    t, heads, d = q.shape
+    chunk = chunk_rows
+    if chunk is None:
+        width = sum(idx.shape[1] for _, idx in sources)
+        per_row = width * d * q.element_size() + heads * width * 4
+        chunk = max(1, min(t, gather_budget(q.device) // max(per_row, 1)))
+    outs = []
+    for r0 in range(0, t, chunk):
+        qc = q[r0 : r0 + chunk]
+        parts, values = [], []
+        for kv, idx in sources:
+            ic = idx[r0 : r0 + chunk]
+            k = kv[ic.clamp(min=0)]
+            s = torch.bmm(qc, k.transpose(1, 2)).float().mul_(scale)
+            parts.append(s.masked_fill_((ic < 0)[:, None, :], float("-inf")))
+            values.append(k)
+        if shared is not None:
+            parts.append(_shared_key_scores(qc, shared[0], shared[1][r0 : r0 + chunk], scale))
+        probs = softmax_with_sink(parts, sink)
+        o = torch.bmm(probs[0].to(q.dtype), values[0])
+        for p, v in zip(probs[1 : len(values)], values[1:], strict=True):
+            o = o + torch.bmm(p.to(q.dtype), v)
+        if shared is not None:
+            o = o + _shared_key_values(probs[-1], shared[0])
+        outs.append(o)
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
-def _window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch.Tensor:
-    if active_kernels().triton:
-        return window_index_rows(active_kernels(), meta.positions, meta.row_request,
-                                 meta.kv_first_pos, meta.kv_row_start, meta.cache_index,
-                                 meta.window_start, ring_rows, window)
-    req = meta.row_request
-    kpos = meta.positions[:, None] - torch.arange(window, device=meta.positions.device)[None, :]
-    first = meta.kv_first_pos[req][:, None]
-    from_kv = ring_rows + meta.kv_row_start[req][:, None] + (kpos - first)
-    from_ring = meta.cache_index[req][:, None] * window + kpos.remainder(window)
-    readable = (kpos >= meta.window_start[req][:, None]) & (kpos >= 0)
-    return torch.where(readable, torch.where(kpos >= first, from_kv, from_ring), -1)
-
-
-def static_pooled(flat: torch.Tensor, args: ModelArgs, ratio: int) -> torch.Tensor:
-    """Every request slot's pooled rows ``[max_requests, n, d]`` from a flat cache."""
-    slots, max_seq = args.max_requests, args.max_seq_len
-    rows = flat[: slots * max_seq].view(slots, max_seq, -1)
-    if ratio == 1:
-        return rows
-    n = max_seq // ratio
-    return rows[:, : n * ratio].reshape(slots, n, ratio, -1).mean(dim=2)
-
-
-def causal_count(positions: torch.Tensor, ratio: int) -> torch.Tensor:
-    """Global keys visible at each position: ``p + 1`` at full resolution, ``(p + 1) // r``
-    pooled (a pooled key is visible once its whole group is)."""
-    return torch.div(positions + 1, ratio, rounding_mode="floor")
-
-
-def causal_key_total(first_pos: int, rows: int, ratio: int) -> int:
-    """``sum(causal_count(p, ratio) for p in [first_pos, first_pos + rows))`` in closed form."""
-
-    def upto(n: int) -> int:  # sum of (x // ratio) for x in [0, n]
-        groups, rest = divmod(n + 1, ratio)
-        return ratio * groups * (groups - 1) // 2 + groups * rest
-
-    return upto(first_pos + rows) - upto(first_pos)
-
-
-def layouts_causal_keys(layouts: tuple[RequestLayout, ...], ratio: int) -> int:
-    """The global keys a step's rows visit: the FLOP counter's figure for the kernel."""
-    return sum(causal_key_total(lay.q_first_pos, lay.q_len, ratio) for lay in layouts)
-
-
-def step_global_keys(
-    meta: AttentionMetadata, cache: KVCache, global_kv: GlobalKV, static: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A source's global keys as one flat ``[N, d]`` tensor, and each query row's first key in it.
-
-    Full resolution reads the cache in place (request slot ``c`` starts at ``c * max_seq_len``).
-    Pooled keys are computed: over every request slot for a captured graph (``static``, no host
-    reads), over the step's own requests up to its longest sequence eagerly. A pooled key is
-    the same reduction of the same rows either way, so eager and FULL see equal bits."""
-    args = cache.args
-    ratio, latent = global_kv.ratio, cache.latent[global_kv.source]
-    if static or ratio == 1:
-        keys = static_pooled(latent, args, ratio)
-        per_slot = keys.shape[1]
-        base = meta.derived_tensor(("global_start", per_slot, "slot"),
-                                   lambda: meta.cache_index[meta.row_request] * per_slot)
-        return keys.reshape(-1, keys.shape[-1]), base
-    requests = len(meta.layouts)
-    n = max((lay.seq_len for lay in meta.layouts), default=0) // ratio
-    slots = latent[: args.max_requests * args.max_seq_len].view(args.max_requests,
-                                                                 args.max_seq_len, -1)
-    rows = slots[meta.cache_index[:requests], : n * ratio]
-    keys = rows.view(requests, n, ratio, latent.shape[-1]).mean(dim=2)
-    base = meta.derived_tensor(("global_start", n, "request"), lambda: meta.row_request * n)
-    return keys.reshape(-1, keys.shape[-1]), base
-
-
-def visible_global_keys(meta: AttentionMetadata, ratio: int) -> torch.Tensor:
-    """Each query row's count of visible global keys: its causal count, at most the keys its
-    request's sequence holds (padded rows: none). Once per metadata and ratio."""
-
-    def count() -> torch.Tensor:
-        seen = torch.div(meta.seq_len[meta.row_request] + ratio - 1, ratio, rounding_mode="floor")
-        return torch.minimum(causal_count(meta.positions, ratio), seen)
-
-    return meta.derived_tensor(("visible_global_keys", ratio), count)
-
-
-def _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static) -> torch.Tensor:
-    """Every row of the step in one launch: its window keys gathered, then its causal prefix
-    of the source's keys as a contiguous range (no loop over requests)."""
-    args = cache.args
+def attend(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    meta: AttentionMetadata,
+    cache: KVCache,
+    layer: int,
+    global_kv: GlobalKV,
+    sink: torch.Tensor,
+    selection: torch.Tensor | None,
+    shape_mode: ShapeMode,
+) -> torch.Tensor:
+    """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward:
+    each row's window, and every visible global key (``selection`` None, dense) or the global
+    positions ``selection [Tq, top_k]`` names (request-relative, -1 for none: sparse)."""
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
-    win = window_index(meta, ring.shape[0], args.window)
-    causal = None
-    if global_kv.source is not None:
+    win = window_index(meta, ring.shape[0], cache.args.window)
+    scale = q.shape[-1] ** -0.5
+    static = shape_mode == "static"
+    if active_kernels().triton:
+        out = _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, static,
+                                scale)
+    elif static:
+        sources = [(keys, win)]
+        if global_kv.source is not None:
+            sources.append(_global_source(meta, cache, global_kv, selection, static))
+        out = gathered_attention(q, sources, sink, scale)
+    else:
+        out = _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
+    ring.index_copy_(0, meta.ring_slot, kv)
+    return out
+
+
+def _global_source(meta, cache, global_kv, selection, static):
+    """The global keys as a gathered source over ``step_global_keys``: the selected positions,
+    or at static shapes (dense) every visible position of the row's request slot."""
+    glob, base = step_global_keys(meta, cache, global_kv, static)
+    if selection is None:
+        per_slot = glob.shape[0] // cache.args.max_requests
+        selection = visible_positions(meta, per_slot, global_kv.ratio)
+    return glob, torch.where(selection >= 0, base[:, None] + selection, -1)
+
+
+def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, static, scale):
+    """Every row of the step in one launch: its window keys gathered, then its selected global
+    keys gathered (sparse) or its causal prefix of the source's keys as a contiguous range
+    (dense: no index list, no loop over requests)."""
+    sources, causal = [(keys, win)], None
+    if selection is not None:
+        sources.append(_global_source(meta, cache, global_kv, selection, static))
+    elif global_kv.source is not None:
         ratio = global_kv.ratio
         glob, start = step_global_keys(meta, cache, global_kv, static)
         causal = (glob, start, visible_global_keys(meta, ratio),
                   layouts_causal_keys(meta.layouts, ratio))
-    out = mqa_attention(active_kernels(), q, sink, q.shape[-1] ** -0.5, [(keys, win)], causal)
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return out
+    return mqa_attention(active_kernels(), q, sink, scale, sources, causal)
 
 
 WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB
@@ -195,145 +187,42 @@ WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a f
 def varlen_chunk_rows(
     q_len: int, n_glob: int, heads: int, window: int, device: torch.device
 ) -> int:
-    """Query rows per chunk of ``varlen_attention``: fp32 scores within ``score_budget``."""
+    """Query rows per chunk of a dense request's varlen walk: fp32 scores within
+    ``score_budget``."""
     budget = score_budget(torch.device(device)) // (heads * (n_glob + window) + 1)
     return max(1, min(q_len, budget, WINDOW_GATHER_ROWS))
 
 
-def varlen_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    meta: AttentionMetadata,
-    cache: KVCache,
-    layer: int,
-    global_kv: GlobalKV,
-    sink: torch.Tensor,
-) -> torch.Tensor:
-    """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward."""
-    if active_kernels().triton:
-        return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=False)
-    window = cache.args.window
-    scale = q.shape[-1] ** -0.5
+def _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale):
+    """Request by request with host integers. Dense: rows chunked, each chunk reading its
+    request's global keys up to the ones its last row sees, as a shared causal prefix.
+    Sparse: each request's rows gather their selected positions of its own global keys."""
     out = torch.zeros_like(q)
-    ring = cache.ring[layer]
-    offs = torch.arange(window, device=q.device)
-    heads = q.shape[1]
+    ratio = global_kv.ratio
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
         glob = None
         if global_kv.source is not None:
-            full = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
-            if global_kv.ratio > 1:
-                n = lay.seq_len // global_kv.ratio
-                full = full[: n * global_kv.ratio].view(n, global_kv.ratio, full.shape[-1])
-                full = full.mean(dim=1)
-            glob = full
+            glob = pool(cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len), ratio)
+        if selection is not None:
+            rows = slice(lay.q_start, lay.q_start + lay.q_len)
+            sources = [(keys, win[rows])]
+            if glob.shape[0] > 0:
+                sources.append((glob, selection[rows]))
+            out[rows] = gathered_attention(q[rows], sources, sink, scale)
+            continue
         n_glob = 0 if glob is None else glob.shape[0]
-        chunk = varlen_chunk_rows(lay.q_len, n_glob, heads, window, q.device)
-        reads_ring = lay.kv_first_pos > max(lay.window_start, 0)
+        chunk = varlen_chunk_rows(lay.q_len, n_glob, q.shape[1], cache.args.window, q.device)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
-            p0, p1 = lay.q_first_pos + c0, lay.q_first_pos + c1  # query positions [p0, p1)
-            qc = q[lay.q_start + c0 : lay.q_start + c1]
-            qpos = torch.arange(p0, p1, device=q.device)
-            kpos = qpos[:, None] - offs[None, :]
-            valid = kpos >= max(lay.window_start, 0)
-            from_kv = kpos >= lay.kv_first_pos
-            kv_row = lay.kv_start + (kpos - lay.kv_first_pos)
-            rows = torch.where(valid & from_kv, kv_row, 0)
-            k_win = kv[rows]
-            if reads_ring and p0 - window + 1 < lay.kv_first_pos:
-                slots = lay.cache_index * window + kpos.remainder(window)
-                from_ring = (valid & ~from_kv)[..., None]
-                k_win = torch.where(from_ring, ring[torch.where(valid, slots, 0)], k_win)
-            s = torch.bmm(qc, k_win.transpose(1, 2)).float().mul_(scale)
-            parts, values = [s.masked_fill_(~valid[:, None, :], float("-inf"))], [k_win]
-
+            rows = slice(lay.q_start + c0, lay.q_start + c1)
+            shared = None
             if glob is not None:
-                if global_kv.ratio > 1:
-                    n = min(p1 // global_kv.ratio, n_glob)
-                    gpos = torch.arange(n, device=q.device)
-                    g_mask = gpos[None, :] < ((qpos + 1) // global_kv.ratio)[:, None]
-                else:
-                    n = p1
-                    gpos = torch.arange(n, device=q.device)
-                    g_mask = gpos[None, :] <= qpos[:, None]
+                n = visible_counts(lay.q_first_pos + c1 - 1, lay.seq_len, ratio)
                 if n > 0:
-                    parts.append(_shared_key_scores(qc, glob[:n], g_mask, scale))
-                    values.append(glob[:n])
-
-            probs = softmax_with_sink(parts, sink)
-            o = torch.bmm(probs[0].to(k_win.dtype), k_win)
-            if len(values) > 1:
-                o = o + _shared_key_values(probs[1], values[1])
-            out[lay.q_start + c0 : lay.q_start + c1] = o
-    ring.index_copy_(0, meta.ring_slot, kv)
+                    counts = visible_global_keys(meta, ratio)[rows]
+                    shared = (glob[:n], visible_mask(counts, n))
+            out[rows] = gathered_attention(q[rows], [(keys, win[rows])], sink, scale,
+                                           shared=shared, chunk_rows=c1 - c0)
     return out
-
-
-STATIC_ROW_CHUNK = 64
-
-
-def static_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    meta: AttentionMetadata,
-    cache: KVCache,
-    layer: int,
-    global_kv: GlobalKV,
-    sink: torch.Tensor,
-) -> torch.Tensor:
-    """The same function from device metadata alone: no host reads, static shapes (capturable)."""
-    if active_kernels().triton:
-        return _kernel_attention(q, kv, meta, cache, layer, global_kv, sink, static=True)
-    args = cache.args
-    window, max_seq = args.window, args.max_seq_len
-    scale = q.shape[-1] ** -0.5
-    ring = cache.ring[layer]
-    keys_src = torch.cat([ring, kv])
-    req = meta.row_request
-    pos = meta.positions
-    offs = torch.arange(window, device=q.device)
-    kpos = pos[:, None] - offs[None, :]
-    from_kv = kpos >= meta.kv_first_pos[req][:, None]
-    kv_idx = (
-        ring.shape[0] + meta.kv_row_start[req][:, None] + (kpos - meta.kv_first_pos[req][:, None])
-    )
-    ring_idx = meta.cache_index[req][:, None] * window + kpos.remainder(window)
-    win_mask = (kpos >= meta.window_start[req][:, None]) & (kpos >= 0)
-    win_idx = torch.where(win_mask, torch.where(from_kv, kv_idx, ring_idx), 0)
-
-    glob = None
-    if global_kv.source is not None:
-        latent = cache.latent[global_kv.source][: args.max_requests * max_seq]
-        glob = latent.view(args.max_requests, max_seq, -1)
-        if global_kv.ratio > 1:
-            n = max_seq // global_kv.ratio
-            glob = glob[:, : n * global_kv.ratio].reshape(args.max_requests, n, global_kv.ratio, -1)
-            glob = glob.mean(dim=2)
-        gpos = torch.arange(glob.shape[1], device=q.device)
-        if global_kv.ratio > 1:
-            g_mask = gpos[None, :] < ((pos + 1) // global_kv.ratio)[:, None]
-        else:
-            g_mask = gpos[None, :] <= pos[:, None]
-        g_mask = g_mask & (gpos[None, :] * global_kv.ratio < meta.seq_len[req][:, None])
-
-    outs = []
-    for r0 in range(0, q.shape[0], STATIC_ROW_CHUNK):
-        rows = slice(r0, r0 + STATIC_ROW_CHUNK)
-        qc = q[rows]
-        k_win = keys_src[win_idx[rows]]
-        parts = [torch.bmm(qc, k_win.transpose(1, 2)).float() * scale]
-        parts[0] = parts[0].masked_fill(~win_mask[rows][:, None, :], float("-inf"))
-        values = [k_win]
-        if glob is not None:
-            k_glob = glob[meta.cache_index[req[rows]]]
-            visible = g_mask[rows]
-            s = torch.bmm(qc, k_glob.transpose(1, 2)).float() * scale
-            parts.append(s.masked_fill(~visible[:, None, :], float("-inf")))
-            values.append(k_glob)
-        probs = softmax_with_sink(parts, sink)
-        outs.append(sum(torch.bmm(p.to(v.dtype), v) for p, v in zip(probs, values, strict=True)))
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return torch.cat(outs)

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from swa_bench.model.batch import AttentionMetadata
     from swa_bench.model.cache import KVCache
 
-AttentionBackend = Literal["varlen", "static"]
+# How attention gathers its keys (``engine.dispatch.plan_step`` decides it): ``varlen`` walks the
+# requests with host integers (eager, and PIECEWISE graphs' eager breaks); ``static`` reads only
+# device metadata at static shapes, as a FULL graph must. Which kernels run is another setting.
+ShapeMode = Literal["varlen", "static"]
 
 
 class RegionTimer(Protocol):
@@ -69,7 +72,7 @@ class ForwardContext:
     # Per-layer metadata overrides: the first replay layer on the replay batch reads the batch's
     # window KV; the bounded reference masks decoder layers below the kept starts.
     layer_metadata: dict[int, AttentionMetadata] = field(default_factory=dict)
-    attention_backend: AttentionBackend = "varlen"
+    shape_mode: ShapeMode = "varlen"
     # The step's replay route (the engine's ``swa_bench.replay.ReplayBatch``) when the decoder
     # runs on kept rows; None: the whole batch. A protocol: the model does not import the
     # replay package that builds it.

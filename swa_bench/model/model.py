@@ -46,17 +46,12 @@ from swa_bench.kernels import (
     silu_mul,
 )
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.attention import GlobalKV, static_attention, varlen_attention
+from swa_bench.model.attention import attend
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
-from swa_bench.model.sparse_attention import (
-    IndexQuery,
-    select_static,
-    select_varlen,
-    sparse_static_attention,
-    sparse_varlen_attention,
-)
+from swa_bench.model.key_sources import GlobalKV
+from swa_bench.model.sparse_attention import IndexQuery, select
 
 Streams = tuple[torch.Tensor, ...]
 # Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> streams.
@@ -410,22 +405,17 @@ def attention_op(
     ctx = get_forward_context()
     meta = ctx.metadata_for(layer)
     q = attn.project_q(q_latent, meta.positions)
-    static = ctx.attention_backend == "static"
-    if attn.index_source is None:
-        kernel = static_attention if static else varlen_attention
-        return kernel(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink)
     if attn.runs_indexer:
         index = attn.index_query(q_latent, meta.positions, index_weights)
         if ctx.index_queries is not None:
             ctx.index_queries[layer] = index
         given = ctx.given_selection.get(layer)
         if given is None:
-            select = select_static if static else select_varlen
-            given = select(meta, ctx.cache, index, attn.global_kv.ratio)
+            given = select(meta, ctx.cache, index, attn.global_kv.ratio, ctx.shape_mode)
         ctx.index_selection[layer] = given
-    selection = ctx.index_selection[attn.index_source]
-    kernel = sparse_static_attention if static else sparse_varlen_attention
-    return kernel(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection)
+    selection = None if attn.index_source is None else ctx.index_selection[attn.index_source]
+    return attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
+                  ctx.shape_mode)
 
 
 def replay_layers(

@@ -1,5 +1,5 @@
-"""Sparse global attention as the real V4.1 runs it: an indexer picks each row's top-k global
-positions and attention reads only those plus the row's window, gathered.
+"""The sparse layers' selection as the real V4.1 makes it: an indexer picks each row's top-k
+global positions, and attention (``attention.attend``) reads only those plus the row's window.
 
 The indexer follows the public V4.1 modeling code (SGLang's torch path,
 ``sglang/srt/layers/attention/dsv4`` ``DeepseekV41Indexer``; vLLM's ``deepseek_v41`` indexer
@@ -8,12 +8,12 @@ source's pre-RoPE latent; an index source's queries are ``rope(wq_b(q_lora))`` i
 heads, its head weights ``weights_proj(x) * index_head_dim**-0.5 * index_n_heads**-0.5``, and a
 position's score is ``sum_h w_h relu(q_h . k)``. The index source publishes its top-k and the
 layers up to the next index source attend to the same selection. Compressed layers score the
-pooled positions (here the pooled per-position keys; the real model derives them from its
-compressor's pooled latent: same shapes and cost).
+pooled positions (``key_sources.pool`` of the per-position keys; the real model derives them
+from its compressor's pooled latent: same shapes and cost), visible by ``key_sources``' rule.
 
-Cost: attention is O(T x (k + W)) in time and memory (rows are chunked so the gathered keys stay
-a few hundred MiB); the indexer's scoring is O(T^2) as in the real model, chunked by rows and
-causal per chunk (keys up to the chunk's last position), so its memory stays bounded too.
+Cost: the indexer's scoring is O(T^2) as in the real model, chunked by rows and causal per chunk
+(keys up to the chunk's last position), so its memory stays bounded; attention over the
+selection is O(T x (k + W)).
 """
 
 from __future__ import annotations
@@ -22,19 +22,21 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.kernels import index_scores_fused, mqa_attention
-from swa_bench.model.attention import (
-    GlobalKV,
-    pooled,
-    score_budget,
-    softmax_with_sink,
-    static_pooled,
-    step_global_keys,
-    window_index,
-)
+from swa_bench.kernels import index_scores_fused
+from swa_bench.model.attention import score_budget
 from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
-from swa_bench.model.forward_context import active_kernels
+from swa_bench.model.forward_context import ShapeMode, active_kernels
+from swa_bench.model.key_sources import (
+    pool,
+    slot_view,
+    visible_counts,
+    visible_global_keys,
+    visible_mask,
+)
+
+# Rows per indexer chunk at static shapes: each row scores every request slot's keys.
+STATIC_ROW_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -45,45 +47,6 @@ class IndexQuery:
     weights: torch.Tensor  # [rows, index heads], scaled
     source: int  # the KV source whose index keys it scores
     top_k: int
-
-
-def gather_budget(device: torch.device) -> int:
-    """Bytes of gathered keys per row chunk: 512 MiB on a GPU, 64 MiB on CPU."""
-    return 1 << 29 if device.type == "cuda" else 1 << 26
-
-
-def gathered_attention(
-    q: torch.Tensor,
-    sources: list[tuple[torch.Tensor, torch.Tensor]],
-    sink: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """One softmax (a per-head sink in the denominator) over the keys each row gathers.
-
-    ``q [T, H, D]``; each source is ``(kv [N, D], idx [T, K])``, ``idx`` long with -1 for a masked
-    column. K = V (MQA latent). The signature is a kernel's: a Triton kernel can replace this on
-    CUDA. Rows are chunked so the gathered keys stay within ``gather_budget``.
-    """
-    t, heads, d = q.shape
-    width = sum(idx.shape[1] for _, idx in sources)
-    per_row = width * d * q.element_size() + heads * width * 4
-    chunk = max(1, min(t, gather_budget(q.device) // max(per_row, 1)))
-    outs = []
-    for r0 in range(0, t, chunk):
-        qc = q[r0 : r0 + chunk]
-        parts, values = [], []
-        for kv, idx in sources:
-            ic = idx[r0 : r0 + chunk]
-            k = kv[ic.clamp(min=0)]
-            s = torch.bmm(qc, k.transpose(1, 2)).float().mul_(scale)
-            parts.append(s.masked_fill_((ic < 0)[:, None, :], float("-inf")))
-            values.append(k)
-        probs = softmax_with_sink(parts, sink)
-        o = torch.bmm(probs[0].to(q.dtype), values[0])
-        for p, v in zip(probs[1:], values[1:], strict=True):
-            o = o + torch.bmm(p.to(q.dtype), v)
-        outs.append(o)
-    return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -134,107 +97,51 @@ def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device,
     return max(1, score_budget(torch.device(device)) // (per_score * max(n_keys, 1)))
 
 
-def visible_positions(qpos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
-    """``[C, n]``: global position j is visible at query position t (pooled: ``j < (t+1)//r``)."""
-    j = torch.arange(n, device=qpos.device)
-    if ratio == 1:
-        return j[None, :] <= qpos[:, None]
-    return j[None, :] < ((qpos + 1) // ratio)[:, None]
+def select(
+    meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int, shape_mode: ShapeMode
+) -> torch.Tensor:
+    """The index source's selection ``[rows, top_k]`` (request-relative positions, -1 for none),
+    gathered as the forward context's ``shape_mode`` says."""
+    walk = select_static if shape_mode == "static" else select_varlen
+    return walk(meta, cache, index, ratio)
 
 
 def select_varlen(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
 ) -> torch.Tensor:
-    """The index source's selection ``[rows, top_k]`` (request-relative positions), request by
-    request with host integers, chunked by rows, keys cut at each chunk's last position. The
-    scores come from the fused kernel where the forward context's ``Kernels`` are Triton's."""
+    """``select`` request by request with host integers, chunked by rows, keys cut at the ones
+    each chunk's last row sees. The scores come from the fused kernel where the forward
+    context's ``Kernels`` are Triton's."""
     out = torch.full((meta.num_rows, index.top_k), -1, dtype=torch.long, device=index.q.device)
-    fused = active_kernels().triton
+    kernels = active_kernels()
+    fused = kernels.triton
+    counts = visible_global_keys(meta, ratio)
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
-        keys = pooled(cache.index_key_rows(index.source, lay.cache_index, lay.seq_len), ratio)
+        keys = pool(cache.index_key_rows(index.source, lay.cache_index, lay.seq_len), ratio)
         chunk = index_chunk_rows(keys.shape[0], index.q.shape[1], index.q.device, fused)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
             rows = slice(lay.q_start + c0, lay.q_start + c1)
             first = lay.q_first_pos + c0
-            qpos = torch.arange(first, lay.q_first_pos + c1, device=out.device)
-            last = lay.q_first_pos + c1  # one past the chunk's last position
-            n = min(keys.shape[0], last if ratio == 1 else last // ratio)
+            n = visible_counts(lay.q_first_pos + c1 - 1, lay.seq_len, ratio)
             if fused:
-                scores = index_scores_fused(active_kernels(), index.q[rows],
-                                            index.weights[rows], keys[:n], first, ratio)
+                scores = index_scores_fused(kernels, index.q[rows], index.weights[rows],
+                                            keys[:n], first, ratio)
             else:
                 scores = index_scores(index.q[rows], index.weights[rows], keys[:n])
-            out[rows] = select_top_k(scores, visible_positions(qpos, n, ratio), index.top_k)
+            out[rows] = select_top_k(scores, visible_mask(counts[rows], n), index.top_k)
     return out
-
-
-def _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static):
-    """Every row of the step at once (one launch on Triton): its window and its selected global
-    keys, gathered from the source's flat keys (``step_global_keys``)."""
-    ring = cache.ring[layer]
-    keys = torch.cat([ring, kv])
-    win = window_index(meta, ring.shape[0], cache.args.window)
-    glob, base = step_global_keys(meta, cache, global_kv, static)
-    sources = [(keys, win), (glob, torch.where(selection >= 0, base[:, None] + selection, -1))]
-    scale = q.shape[-1] ** -0.5
-    if active_kernels().triton:
-        out = mqa_attention(active_kernels(), q, sink, scale, sources)
-    else:
-        out = gathered_attention(q, sources, sink, scale)
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return out
-
-
-def sparse_varlen_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    meta: AttentionMetadata,
-    cache: KVCache,
-    layer: int,
-    global_kv: GlobalKV,
-    sink: torch.Tensor,
-    selection: torch.Tensor,
-) -> torch.Tensor:
-    """The eager path: each row's window and its selected global positions, gathered (per
-    request on the PyTorch path, one launch on Triton's)."""
-    if active_kernels().triton:
-        return _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static=False)
-    window = cache.args.window
-    ring = cache.ring[layer]
-    keys = torch.cat([ring, kv])
-    win = window_index(meta, ring.shape[0], window)
-    scale = q.shape[-1] ** -0.5
-    out = torch.zeros_like(q)
-    for lay in meta.layouts:
-        if lay.q_len == 0:
-            continue
-        latent = cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len)
-        glob = pooled(latent, global_kv.ratio)
-        rows = slice(lay.q_start, lay.q_start + lay.q_len)
-        sources = [(keys, win[rows])]
-        if glob.shape[0] > 0:
-            sources.append((glob, selection[rows]))
-        out[rows] = gathered_attention(q[rows], sources, sink, scale)
-    ring.index_copy_(0, meta.ring_slot, kv)
-    return out
-
-
-STATIC_ROW_CHUNK = 64
 
 
 def select_static(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
 ) -> torch.Tensor:
-    """``select_varlen`` from device metadata alone (every request slot's whole cache)."""
-    args = cache.args
-    keys = static_pooled(cache.index_keys[index.source], args, ratio)
+    """``select`` from device metadata alone (every request slot's whole cache)."""
+    keys = pool(slot_view(cache.index_keys[index.source], cache), ratio)
     req = meta.row_request
-    visible = visible_positions(meta.positions, keys.shape[1], ratio)
-    visible = visible & (torch.arange(keys.shape[1], device=keys.device)[None, :] * ratio
-                         < meta.seq_len[req][:, None])
+    visible = visible_mask(visible_global_keys(meta, ratio), keys.shape[1])
     outs = []
     for r0 in range(0, meta.num_rows, STATIC_ROW_CHUNK):
         rows = slice(r0, r0 + STATIC_ROW_CHUNK)
@@ -242,17 +149,3 @@ def select_static(
         scores = index_scores(index.q[rows], index.weights[rows], per_row)
         outs.append(select_top_k(scores, visible[rows], index.top_k))
     return torch.cat(outs)
-
-
-def sparse_static_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    meta: AttentionMetadata,
-    cache: KVCache,
-    layer: int,
-    global_kv: GlobalKV,
-    sink: torch.Tensor,
-    selection: torch.Tensor,
-) -> torch.Tensor:
-    """The capturable path: no host reads, static shapes; positions map to flat pooled rows."""
-    return _all_rows(q, kv, meta, cache, layer, global_kv, sink, selection, static=True)

@@ -6,8 +6,9 @@ norms, mHC and routing and computes, for every position of every sequence, exact
 full prefill computes (a test holds it to the engine's reference step):
 
 * window: the layer's own K=V latent at positions ``t - W + 1 .. t``;
-* global: S's latent (S and the decoder) or the closest KV source's latent mean-pooled by the
-  compress ratio (the encoder, pooled position ``j`` visible while ``j < (t + 1) // r``);
+* global: S's latent (S and the decoder) or the closest KV source's latent pooled by the
+  compress ratio (the encoder), through ``key_sources``' own ``pool`` and visibility rule
+  (pooled position ``j`` visible while ``j < (t + 1) // r``);
 * sparse layers read only the positions their index source selects (``select_top_k``, the
   inference path's own selection), plus the window; one softmax with the per-head sink.
 
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from swa_bench.model.key_sources import pool, visible_counts, visible_mask
 from swa_bench.model.model import MoE, Transformer, apply_rope
-from swa_bench.model.sparse_attention import select_top_k, visible_positions
+from swa_bench.model.sparse_attention import select_top_k
 
 
 @dataclass
@@ -50,15 +52,6 @@ def dense_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         s1, s3 = moe.shared_w13(x).chunk(2, dim=-1)
         out = out + moe.shared_w2(F.silu(s1) * s3)
     return out
-
-
-def pooled_batch(rows: torch.Tensor, ratio: int) -> torch.Tensor:
-    """``sparse_attention.pooled`` of every sequence of ``rows [B, T, d]`` at once."""
-    if ratio == 1:
-        return rows
-    b, t, d = rows.shape
-    n = t // ratio
-    return rows[:, : n * ratio].reshape(b, n, ratio, d).mean(dim=2)
 
 
 def window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:
@@ -108,16 +101,16 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         values = [kv]
         gkv = attn.global_kv
         if gkv.source is not None:
-            glob = pooled_batch(latents[gkv.source], gkv.ratio)
+            glob = pool(latents[gkv.source], gkv.ratio)
             n = glob.shape[1]
-            visible = visible_positions(torch.arange(t, device=dev), n, gkv.ratio)
+            visible = visible_mask(visible_counts(torch.arange(t, device=dev), t, gkv.ratio), n)
             dense = torch.einsum("bthd,bnd->bhtn", q, glob).float() * scale
             dense = dense.masked_fill(~visible, float("-inf"))
             allowed = visible[None].expand(b, t, n)
             if attn.runs_indexer:
                 index = attn.index_query(q_latent.detach(), positions,
                                          attn.index_weights(h.detach()))
-                ikeys = pooled_batch(index_keys[index.source], gkv.ratio)
+                ikeys = pool(index_keys[index.source], gkv.ratio)
                 iq = index.q.view(b, t, *index.q.shape[1:])
                 s = torch.einsum("bthd,bnd->bthn", iq, ikeys).relu()
                 iscore = (index.weights.view(b, t, -1, 1).to(s.dtype) * s).sum(2).float()

@@ -9,7 +9,7 @@ from swa_bench.cli import app
 from swa_bench.engine.config import triton_interpreting
 from swa_bench.kernels import mqa_attention_flops
 from swa_bench.model.args import PRESETS
-from swa_bench.model.attention import causal_key_total
+from swa_bench.model.key_sources import causal_key_total
 
 RUNNER = CliRunner()
 

@@ -79,7 +79,7 @@ def test_routes():
     assert expect([R(7)] * 8, **pw).replays and not expect([R(7)] * 8, **pw).trims
     # FULL never trims and attends with the static kernel
     full = expect(trimmed, graph_mode="full")
-    assert not full.replays and full.backend == "static" and full.graph_size == 64
+    assert not full.replays and full.shape_mode == "static" and full.graph_size == 64
     # above the largest capture size, or more logits rows than a graph returns: eager
     assert expect([R(129)], **pw).graph_size is None
     assert expect([R(40, prompt_logprobs=True)], **pw).graph_size is None

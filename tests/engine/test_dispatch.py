@@ -64,6 +64,7 @@ def test_plan_follows_the_spec(tiny_args, name):
         want = expected(requests, policy, mode, threshold, eager_threshold, tiny_args)
         got = (plan.graph_size, plan.replays, plan.kept_lens)
         assert got == want, f"{name}: {policy}/{mode}/t={threshold}/e={eager_threshold}: {plan}"
+        assert plan.shape_mode == ("static" if mode == "full" and want[0] else "varlen"), plan
         assert plan.reason
 
 

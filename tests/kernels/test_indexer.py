@@ -9,7 +9,8 @@ import torch
 
 from swa_bench.bench.flops import count_flops
 from swa_bench.kernels.indexer import BLOCK_M, index_score_flops, index_scores_fused
-from swa_bench.model.sparse_attention import index_scores, visible_positions
+from swa_bench.model.key_sources import visible_counts, visible_mask
+from swa_bench.model.sparse_attention import index_scores
 from tests.kernels.conftest import TRITON
 
 
@@ -26,7 +27,8 @@ def oracle(q, weights, keys, first_pos, ratio):
     s = torch.einsum("chd,nd->chn", q.double(), keys.double()).relu()
     s = (weights.double()[:, :, None] * s).sum(1)
     positions = torch.arange(first_pos, first_pos + q.shape[0])
-    return s.masked_fill(~visible_positions(positions, keys.shape[0], ratio), float("-inf"))
+    counts = visible_counts(positions, first_pos + q.shape[0], ratio)
+    return s.masked_fill(~visible_mask(counts, keys.shape[0]), float("-inf"))
 
 
 def assert_scores_close(mine, want, rtol, atol):

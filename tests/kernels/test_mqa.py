@@ -20,23 +20,23 @@ from swa_bench.kernels import (
 )
 from swa_bench.kernels.config import TILE_CANDIDATES
 from swa_bench.model.args import PRESETS
-from swa_bench.model.attention import (
-    GlobalKV,
-    causal_key_total,
-    static_attention,
-    varlen_attention,
-)
-from swa_bench.model.sparse_attention import (
-    gathered_attention,
-    sparse_static_attention,
-    sparse_varlen_attention,
-)
+from swa_bench.model.attention import attend, gathered_attention
+from swa_bench.model.key_sources import GlobalKV, causal_key_total
 from tests.kernels.conftest import TRITON, attention_problem, on_kernels
 
 ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8, H = 4, D = 32
 # Odd lengths; a continuation whose window reaches into the ring across the W boundary; a
 # one-row decode; a request whose rows start at position 0 (empty windows below it).
 REQUESTS = [(0, 13), (11, 9), (30, 1), (0, 1)]
+
+
+def dense(shape_mode):
+    """``attend`` of a dense layer at ``shape_mode``, called as ``run`` calls it."""
+    return lambda *inputs: attend(*inputs, None, shape_mode)
+
+
+def sparse(shape_mode):
+    return lambda *inputs: attend(*inputs, shape_mode)
 
 
 def global_sources(args) -> list[GlobalKV]:
@@ -79,9 +79,9 @@ def random_selection(meta, ratio: int, top_k: int, gen) -> torch.Tensor:
 
 def dense_cases(problem, dtype):
     for global_kv in global_sources(problem.args):
-        torch_out = run(varlen_attention, problem, global_kv, backend="torch")
-        varlen = run(varlen_attention, problem, global_kv, backend="triton")
-        static = run(static_attention, problem, global_kv, backend="triton")
+        torch_out = run(dense("varlen"), problem, global_kv, backend="torch")
+        varlen = run(dense("varlen"), problem, global_kv, backend="triton")
+        static = run(dense("static"), problem, global_kv, backend="triton")
         assert_close(varlen, torch_out, dtype)
         assert torch.equal(static, varlen), "FULL graphs must replay eager's bits"
 
@@ -91,9 +91,9 @@ def sparse_cases(problem, dtype, top_k: int):
     for global_kv in global_sources(problem.args)[1:]:
         selection = random_selection(problem.meta, global_kv.ratio, top_k, gen)
         selection = selection.to(problem.q.device)
-        torch_out = run(sparse_varlen_attention, problem, global_kv, selection, backend="torch")
-        varlen = run(sparse_varlen_attention, problem, global_kv, selection, backend="triton")
-        static = run(sparse_static_attention, problem, global_kv, selection, backend="triton")
+        torch_out = run(sparse("varlen"), problem, global_kv, selection, backend="torch")
+        varlen = run(sparse("varlen"), problem, global_kv, selection, backend="triton")
+        static = run(sparse("static"), problem, global_kv, selection, backend="triton")
         assert_close(varlen, torch_out, dtype)
         assert torch.equal(static, varlen)
 
@@ -156,7 +156,7 @@ def test_dense_kernel_counts_each_rows_window_and_visible_prefix(interpreter):
     problem = attention_problem(ARGS, REQUESTS, pad=3)
     visible = sum(lay.q_first_pos + r + 1 for lay in problem.meta.layouts for r in range(lay.q_len))
     rows = problem.q.shape[0]
-    for fn in (varlen_attention, static_attention):
+    for fn in (dense("varlen"), dense("static")):
         with FlopCounterMode(display=False) as count:
             run(fn, problem, GlobalKV(ARGS.last_kv_source), backend="triton")
         h, d = ARGS.n_heads, ARGS.head_dim
@@ -168,12 +168,12 @@ def test_a_step_of_padded_rows_only_reads_nothing(interpreter):
     """A graph's capture runs on a step with no request: every source, both kernels, zeros."""
     problem = attention_problem(ARGS, [], pad=4)
     for global_kv in global_sources(ARGS):
-        for fn in (varlen_attention, static_attention):
+        for fn in (dense("varlen"), dense("static")):
             out = run(fn, problem, global_kv, backend="triton")
             assert torch.equal(out, torch.zeros_like(out))
         if global_kv.source is not None:
             none = torch.full((4, 8), -1, dtype=torch.long)
-            for fn in (sparse_varlen_attention, sparse_static_attention):
+            for fn in (sparse("varlen"), sparse("static")):
                 out = run(fn, problem, global_kv, none, backend="triton")
                 assert torch.equal(out, torch.zeros_like(out))
 

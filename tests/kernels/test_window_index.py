@@ -10,7 +10,7 @@ import torch
 
 from swa_bench.kernels import window_index_rows
 from swa_bench.model.args import PRESETS
-from swa_bench.model.attention import window_index
+from swa_bench.model.key_sources import window_index
 from tests.kernels.conftest import TRITON, attention_problem, on_kernels
 
 ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8
@@ -52,7 +52,7 @@ def test_window_index_is_each_rows_readable_keys(interpreter, pad):
 
 def test_the_model_takes_the_kernel_on_the_triton_backend(interpreter, monkeypatch):
     calls = []
-    import swa_bench.model.attention as attention_module
+    import swa_bench.model.key_sources as attention_module
 
     monkeypatch.setattr(attention_module, "window_index_rows",
                         lambda *a: calls.append(1) or window_index_rows(*a))

@@ -13,9 +13,10 @@ from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.kernels import KernelSettings
 from swa_bench.model.args import PRESETS
+from swa_bench.model.attention import gathered_attention
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.model.sparse_attention import IndexQuery, gathered_attention, select_varlen
+from swa_bench.model.sparse_attention import IndexQuery, select_varlen
 
 TOL = Tolerance.for_dtype(torch.float32)
 ARGS = PRESETS["sparse-tiny"]

@@ -82,7 +82,7 @@ def flops_of(model, cache, inputs: StepInputs, size, kept, mode) -> int:
                     else build_replay_batch(step, kept, ARGS, cache, TORCH_KERNELS))
     ctx = ForwardContext(step.metadata, step.logits_indices, cache, TORCH_KERNELS,
                          replay_batch=replay_batch,
-                         attention_backend="static" if size and mode == "full" else "varlen")
+                         shape_mode="static" if size and mode == "full" else "varlen")
     return count_flops(lambda: run_forward(model, step, ctx))
 
 
