@@ -1,11 +1,14 @@
-"""The CLI: one-line errors with exit 2 for bad input, dry runs, and hand-off to the runners."""
+"""The CLI: one-line errors with exit 2 for bad input, dry runs, and hand-off to the runners.
+
+Bad input runs in this process (``tests.invoke``, the app's own error mapping and exit codes);
+a few cases per property go through ``python -m swa_bench`` in a subprocess, for what only the
+real interpreter shows: its stderr, argv and exit status, and stdout at the file descriptor."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import types
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from typer.testing import CliRunner
 from swa_bench.cli import app
 from swa_bench.replay.row_selection import halo_size
 from swa_bench.scenario import expand_cases, load_scenario
+from tests import invoke
 
 REPO = Path(__file__).resolve().parents[1]
 MALFORMED = REPO / "tests" / "scenario" / "malformed"
@@ -48,6 +52,7 @@ CORPUS = [
 
 
 def swa_bench(*args: str) -> subprocess.CompletedProcess:
+    """``python -m swa_bench ARGS`` in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "swa_bench", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
@@ -60,20 +65,11 @@ def test_corpus_covers_every_file():
 COMMANDS = [("validate",), ("run", "--dry-run")]
 
 
-@pytest.fixture(scope="module")
-def corpus_results() -> dict[tuple[tuple[str, ...], str], subprocess.CompletedProcess]:
-    """Every (command, malformed file) run once, a few at a time: interpreter start-up dominates."""
-    jobs = [(cmd, name) for cmd in COMMANDS for name, _ in CORPUS]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        done = pool.map(lambda job: swa_bench(*job[0], f"tests/scenario/malformed/{job[1]}"), jobs)
-        return dict(zip(jobs, done, strict=True))
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize(("name", "field"), CORPUS)
-def test_malformed_scenario_is_one_stderr_line_and_exit_2(corpus_results, command, name, field):
+def test_malformed_scenario_is_one_stderr_line_and_exit_2(command, name, field):
     path = f"tests/scenario/malformed/{name}"
-    result = corpus_results[command, name]
+    result = invoke.swa_bench(*command, path, cwd=REPO)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -84,13 +80,30 @@ def test_malformed_scenario_is_one_stderr_line_and_exit_2(corpus_results, comman
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_malformed_scenarios_through_the_real_interpreter(command):
+    """Three of the corpus in one ``python -m swa_bench``: each file's one line, in order, on the
+    process's stderr, exit status 2, nothing on stdout."""
+    names = ["wrong_type.yaml", "invalid_yaml.yaml", "does_not_exist.yaml"]
+    paths = [f"tests/scenario/malformed/{name}" for name in names]
+    result = swa_bench(*command, *paths)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"{paths[0]}: seed: "), result.stderr
+    assert all(line.startswith(f"{path}: ") for line, path in zip(lines, paths, strict=True))
+
+
 def test_usage_errors_are_one_line_too():
     for args in (["run", "--bogus"], ["validate"],
                  ["compare", "a", "b", "--max-slowdown", "lots"]):
-        result = swa_bench(*args)
+        result = invoke.swa_bench(*args)
         assert result.returncode == 2
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert result.stderr.startswith(f"swa-bench {args[0]}: ")
+    real = swa_bench("run", "--bogus")  # argv through the real entry point
+    assert real.returncode == 2 and real.stderr.startswith("swa-bench run: No such option")
+    assert len(real.stderr.splitlines()) == 1, real.stderr
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -277,7 +290,8 @@ def test_user_errors_from_the_hand_off_are_one_line(monkeypatch, tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without GPU")
 def test_cuda_scenario_without_gpu_is_bad_input(tmp_path):
     out = tmp_path / "run"
-    proc = swa_bench("run", "scenarios/v41-flash-shape-16k.yaml", "--out", str(out))
+    proc = invoke.swa_bench("run", "scenarios/v41-flash-shape-16k.yaml", "--out", str(out),
+                            cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "scenarios/v41-flash-shape-16k.yaml: device: cuda requested but no GPU is visible"
@@ -350,7 +364,7 @@ def test_check_json_on_stdout_with_progress_elsewhere(tmp_path):
     outcomes = [c["outcome"] for c in scenario["cases"][0]["checks"]]
     assert outcomes == ["pass", "pass", "info"]  # E1, layer S+1's exact KV, the approximation
     assert scenario["counts"]["checks_passed"] == 2 and scenario["counts"]["checks_info"] == 1
-    table = swa_bench("check", str(path))
+    table = invoke.swa_bench("check", str(path))
     assert table.returncode == 0
     last = table.stdout.strip().splitlines()[-1]
     assert last.startswith("PASS: 2 of 2 checks passed (1 info results")

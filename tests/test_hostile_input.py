@@ -1,6 +1,8 @@
 """Hostile input: every case ends in one stderr line, exit code 2, no traceback, and nothing
-written or replaced. The inputs that used to grow without bound run in a subprocess under a memory
-and time limit, so a regression fails the test instead of the machine."""
+written or replaced. The inputs that used to grow without bound (memory, time, recursion, a read
+that never ends) run in a subprocess under a memory and time limit, so a regression fails the test
+instead of the machine; several such files share one subprocess (each is refused in its own line).
+The rest run in this process (``tests.invoke``), asserting the same."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import invoke
+
 REPO = Path(__file__).resolve().parents[1]
 MEMORY_LIMIT = 3 * 1024**3  # validate needs ~100 MB; the alias bomb used to reach 6.4 GB
 TIME_LIMIT_S = 60
@@ -23,15 +27,16 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def swa_bench(*args: str, cwd: Path = REPO, limited: bool = True,
-              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80", **(extra_env or {})}
+def swa_bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``python -m swa_bench ARGS`` in a fresh interpreter under the memory and time limits."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
     return subprocess.run([sys.executable, "-m", "swa_bench", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIME_LIMIT_S,
-                          preexec_fn=_limits if limited else None)
+                          preexec_fn=_limits)
 
 
-def assert_one_line_exit_2(proc: subprocess.CompletedProcess, *starts: str) -> str:
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess | invoke.Outcome,
+                           *starts: str) -> str:
     assert proc.returncode == 2, proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = proc.stderr.splitlines()
@@ -60,22 +65,28 @@ def huge_grid() -> str:
     return "name: grid\n" + BASE + "sweep:\n  grid:\n" + grid
 
 
-# (file name, text, the field or words the one line must contain)
-SCENARIOS = [
+# (file name, text, the field or words the one line must contain). BOMBS used to grow without
+# bound and run under the limits; SCENARIOS are refused by a bounded check and run in-process.
+BOMBS = [
     ("alias_bomb.yaml", alias_bomb(), "YAML aliases expand to more than"),
     ("huge_grid.yaml", huge_grid(), "sweep: expands to 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 "
                                     "= 1000000000 cases, above the cap of 1000"),
+    ("deep.yaml", "name: d\n" + BASE + "description: " + "[" * 5000 + "]" * 5000 + "\n",
+     "nested deeper than"),
+    ("self_alias.yaml", "name: d\n" + BASE + "description: &a [*a]\n", "refers to a node"),
+    ("huge_capture.yaml", "name: t\n" + BASE + "max_capture_size: 1000000000000\n",
+     "max_capture_size: "),
+    ("long_list.yaml", "name: l\n" + BASE + "sweep:\n  grid:\n    seed: ["
+     + ", ".join(map(str, range(100_001))) + "]\n",
+     "sweep.grid.seed: holds more than 100000 values"),
+]
+SCENARIOS = [
     ("seed.yaml", "name: s\nseed: 100000000000000000000000000000\n" + BASE, "seed: "),
     ("negative_seed.yaml", "name: s\nseed: -1\n" + BASE, "seed: must be >= 0"),
     ("long_name.yaml", "name: " + "n" * 300 + "\n" + BASE,
      "name: must be at most 100 characters, got 300"),
-    ("deep.yaml", "name: d\n" + BASE + "description: " + "[" * 5000 + "]" * 5000 + "\n",
-     "nested deeper than"),
-    ("self_alias.yaml", "name: d\n" + BASE + "description: &a [*a]\n", "refers to a node"),
     ("huge_iters.yaml", "name: t\n" + BASE + "timing: {iters: 1000000000}\n", "timing.iters: "),
     ("huge_threads.yaml", "name: t\n" + BASE + "timing: {threads: 100000}\n", "timing.threads: "),
-    ("huge_capture.yaml", "name: t\n" + BASE + "max_capture_size: 1000000000000\n",
-     "max_capture_size: "),
     ("huge_override.yaml", "name: t\nmodel: {overrides: {dim: 1" + "0" * 30 + "}}\n" + BASE,
      "model.overrides.dim: "),
     ("huge_vocab.yaml", "name: t\nmodel: {overrides: {vocab_size: 10000000000000}}\n" + BASE,
@@ -84,35 +95,53 @@ SCENARIOS = [
      + BASE, "model.overrides.max_seq_len: the weights and caches need at least"),
     ("binary.yaml", "name: t\n\x00\x01\n", ""),
     ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
-    ("long_list.yaml", "name: l\n" + BASE + "sweep:\n  grid:\n    seed: ["
-     + ", ".join(map(str, range(100_001))) + "]\n",
-     "sweep.grid.seed: holds more than 100000 values"),
 ]
+COMMANDS = [("validate",), ("run", "--dry-run")]
+
+
+def assert_one_line_per_file(proc, paths: list[str], expected: list[str]) -> None:
+    """One subprocess, several files: exit 2, no traceback, nothing on stdout, and each file's
+    one line in order, naming the file and its error."""
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(paths), proc.stderr
+    for line, path, words in zip(lines, paths, expected, strict=True):
+        assert line.startswith(f"{path}: ") and words in line, line
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("hostile")
-    for name, text, _ in SCENARIOS:
+    for name, text, _ in BOMBS + SCENARIOS:
         (folder / name).write_text(text)
     (folder / "huge_file.yaml").write_text("name: big\n" + BASE + "# " + "x" * 2_000_000 + "\n")
     return folder
 
 
-@pytest.mark.parametrize("command", [("validate",), ("run", "--dry-run")])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_bombs_are_one_line_each_under_the_limits(corpus, tmp_path, command):
+    paths = [str(corpus / name) for name, _, _ in BOMBS]
+    proc = swa_bench(*command, *paths, cwd=tmp_path)
+    assert_one_line_per_file(proc, paths, [words for _, _, words in BOMBS])
+    assert list(tmp_path.iterdir()) == [], "nothing is written for bad input"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize(("name", "text", "expected"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
 def test_hostile_scenario_is_one_line_exit_2(corpus, tmp_path, command, name, text, expected):
-    proc = swa_bench(*command, str(corpus / name), cwd=tmp_path)
+    proc = invoke.swa_bench(*command, str(corpus / name), cwd=tmp_path)
     assert_one_line_exit_2(proc, f"{corpus / name}: ", expected)
-    assert list(tmp_path.iterdir()) == [], "nothing is written for bad input"
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == [], "nothing is written"
 
 
 @pytest.mark.parametrize("command", [("run",), ("check",), ("check", "--json")])
 def test_the_bombs_stop_run_and_check_too(corpus, tmp_path, command):
-    for name in ("alias_bomb.yaml", "huge_grid.yaml"):
-        proc = swa_bench(*command, str(corpus / name), cwd=tmp_path)
-        assert_one_line_exit_2(proc, f"{corpus / name}: ")
-        assert proc.stdout == "" and list(tmp_path.iterdir()) == []
+    names = ("alias_bomb.yaml", "huge_grid.yaml")
+    paths = [str(corpus / name) for name in names]
+    proc = swa_bench(*command, *paths, cwd=tmp_path)
+    assert_one_line_per_file(proc, paths, ["", ""])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_huge_file_is_refused_unread(corpus):
@@ -120,29 +149,29 @@ def test_a_huge_file_is_refused_unread(corpus):
     assert_one_line_exit_2(proc, "larger than")
 
 
-def test_devices_and_pipes_are_refused_unread(tmp_path):
+@pytest.mark.parametrize("command", COMMANDS)
+def test_devices_and_pipes_are_refused_unread(tmp_path, command):
     """Their reported size is 0: /dev/zero used to fill memory, a FIFO to block forever."""
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
-    for path in ("/dev/zero", "/dev/urandom", str(fifo)):
-        for command in (("validate",), ("run", "--dry-run")):
-            proc = swa_bench(*command, path, cwd=tmp_path)
-            assert_one_line_exit_2(proc, f"{path}: is not a regular file")
+    paths = ["/dev/zero", "/dev/urandom", str(fifo)]
+    proc = swa_bench(*command, *paths, cwd=tmp_path)
+    assert_one_line_per_file(proc, paths, ["is not a regular file"] * 3)
 
 
 def test_max_cases_raises_the_cap(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text("name: s\n" + BASE + "sweep:\n  grid:\n    seed: [1, 2, 3, 4, 5]\n")
-    assert_one_line_exit_2(swa_bench("validate", str(path), "--max-cases", "4"),
+    assert_one_line_exit_2(invoke.swa_bench("validate", str(path), "--max-cases", "4"),
                            "= 5 cases, above the cap of 4", "--max-cases")
-    proc = swa_bench("validate", str(path), "--max-cases", "5")
+    proc = invoke.swa_bench("validate", str(path), "--max-cases", "5")
     assert proc.returncode == 0 and "(5 cases)" in proc.stdout
 
 
 def test_a_file_name_longer_than_the_file_system_allows(tmp_path):
     name = "x" * 300 + ".yaml"
     for command in (("validate",), ("run", "--dry-run"), ("run",)):
-        proc = swa_bench(*command, name, cwd=tmp_path)
+        proc = invoke.swa_bench(*command, name, cwd=tmp_path)
         assert_one_line_exit_2(proc, f"{name}: cannot read")
     assert list(tmp_path.iterdir()) == []
 
@@ -159,7 +188,8 @@ def test_a_corrupt_baseline_is_refused_before_the_run(tmp_path, tiny_scenario, c
     baseline = tmp_path / "baseline.json"
     baseline.write_text(content)
     out = tmp_path / "out"
-    proc = swa_bench("run", str(tiny_scenario), "--out", str(out), "--baseline", str(baseline))
+    proc = invoke.swa_bench("run", str(tiny_scenario), "--out", str(out), "--baseline",
+                            str(baseline))
     assert_one_line_exit_2(proc, f"{baseline}: ")
     assert not out.exists()
 
@@ -174,7 +204,7 @@ def test_an_unusable_out_is_refused_before_the_run(tmp_path, tiny_scenario, wher
            "proc": Path("/proc/swa-bench-run"), "sys": Path("/sys/fs/swa-bench-run")}[where]
     if where == "sys" and not Path("/sys/fs").is_dir():
         pytest.skip("no /sys/fs")
-    proc = swa_bench("run", str(tiny_scenario), "--out", str(out))
+    proc = invoke.swa_bench("run", str(tiny_scenario), "--out", str(out))
     assert_one_line_exit_2(proc, str(out))
     assert a_file.read_text() == "keep me" and not (tmp_path / "missing").exists()
     assert not out.exists() or out == a_file
@@ -189,7 +219,7 @@ def test_a_malformed_kernel_setting_is_refused_before_anything_runs(tmp_path, ti
     out = tmp_path / "out"
     args = {"run": ["run", str(tiny_scenario), "--out", str(out)],
             "check": ["check", str(tiny_scenario)], "kernels": ["kernels", "-t", "8"]}[command]
-    proc = swa_bench(*args, extra_env={variable: value})
+    proc = invoke.swa_bench(*args, env={variable: value})
     assert_one_line_exit_2(proc, f"environment: {variable}: ", repr(value))
     assert not out.exists()
 
@@ -204,7 +234,7 @@ def test_compare_on_deeply_nested_json(tmp_path):
 def test_markup_in_an_error_is_printed_as_written(tmp_path):
     path = tmp_path / "[red]odd.yaml"
     path.write_text("name: x\n" + BASE + "seed: [enforce fail at alloc.cpp:12]\n")
-    proc = swa_bench("validate", str(path))
+    proc = invoke.swa_bench("validate", str(path))
     assert_one_line_exit_2(proc, "[red]odd.yaml: seed: must be an integer")
 
 
@@ -239,7 +269,7 @@ def _out_commands(runs: tuple[Path, Path], out: Path) -> list[tuple[str, ...]]:
 def test_dev_null_as_out_stays_a_device(two_runs, dev_null_kept):
     """Root used to rename the temp file over /dev/null (others lacked the right to write /dev)."""
     for command in _out_commands(two_runs, Path("/dev/null")):
-        proc = swa_bench(*command)
+        proc = invoke.swa_bench(*command)
         assert proc.returncode == 0, proc.stderr
         assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
@@ -251,7 +281,7 @@ def test_a_named_pipe_as_out_is_written_through(two_runs, tmp_path):
                              strict=True):
         reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            proc = swa_bench(*command)
+            proc = invoke.swa_bench(*command)
             assert proc.returncode == 0, proc.stderr
             assert os.read(reader, 1 << 16).startswith(head)
         finally:
@@ -265,6 +295,6 @@ def test_resume_over_a_corrupt_shard_file_is_one_line(tmp_path, tiny_scenario, c
     shard = out / ".shards" / "shard-0.json"
     shard.parent.mkdir(parents=True)
     shard.write_text(content)
-    proc = swa_bench("run", str(tiny_scenario), "--out", str(out), "--resume")
+    proc = invoke.swa_bench("run", str(tiny_scenario), "--out", str(out), "--resume")
     assert_one_line_exit_2(proc, f"{shard}: ")
     assert shard.read_text() == content and sorted(p.name for p in out.iterdir()) == [".shards"]

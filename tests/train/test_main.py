@@ -1,6 +1,8 @@
-"""``python -m swa_bench.train`` on hostile input, run as a user would: a subprocess under a time
-and memory limit. Every refusal is one line on stderr, exit 2, no traceback, nothing trained,
-and every file already there (in the output folder or outside it) byte-for-byte as it was."""
+"""``python -m swa_bench.train`` on hostile input. Every refusal is one line on stderr, exit 2, no
+traceback, nothing trained, and every file already there (in the output folder or outside it)
+byte-for-byte as it was. The refusals run in this process (``tests.invoke.trainer``, the same
+``main``); a few, and what needs a fresh interpreter (the address-space limit a step is sized
+against, signals, a real run), run as a user would: a subprocess under a time and memory limit."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests import invoke
+
 ROOT = Path(__file__).resolve().parents[2]
 PROG = "python -m swa_bench.train: "
 TINY = ["--steps", "2", "--batch", "1", "--seq-len", "64", "--length-warmup", "none",
@@ -28,6 +32,7 @@ def _limit_memory() -> None:
 
 
 def trainer(cwd: Path, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python -m swa_bench.train`` with the tiny settings, in a fresh interpreter."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "swa_bench.train", *TINY, *argv], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=timeout,
@@ -75,9 +80,6 @@ BAD_ARGUMENTS = [
     refusal(["--batch", "1e9"], "argument --batch: invalid int value: '1e9'"),
     refusal(["--batch", "1000000000"], "--batch 1000000000 x --seq-len 64: a training step "
                                        "needs"),
-    # fits the machine, not this process's 4 GiB address space: the limit is what counts
-    refusal(["--batch", "64", "--seq-len", "320"], "--batch 64 x --seq-len 320: a training "
-                                                   "step needs 12."),
     refusal(["--seq-len", "8"], "--seq-len: 8 must lie in [64, 320]"),
     refusal(["--seq-len", "100000"], "--seq-len: 100000 must lie in [64, 320]"),
     refusal(["--max-facts", "0"], "--max-facts: 0 must lie in [1, 32]"),
@@ -127,17 +129,39 @@ BAD_OUTPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS + BAD_OUTPUTS)
-def test_a_refusal_is_one_line_exit_2_and_touches_nothing(argv, message, folder):
-    before = snapshot(folder)
-    if "--out" not in argv:
-        argv = [*argv, "--out", "tr/fresh.safetensors"]
-    run = trainer(folder, *argv)
+# Through the real interpreter: an argparse error, an --out refusal, and the step that fits the
+# machine but not the subprocess's 4 GiB address space (the limit is what counts).
+IN_A_SUBPROCESS = [
+    refusal(["--steps", "many"], "argument --steps: invalid int value"),
+    refusal(["--out", "tr/link.safetensors", "--overwrite"], "is a symlink to"),
+    refusal(["--batch", "64", "--seq-len", "320"], "--batch 64 x --seq-len 320: a training "
+                                                   "step needs 12."),
+]
+
+
+def assert_refused(run, message: str) -> None:
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr + run.stdout
     assert run.stdout == ""  # refused before the first step
     assert run.stderr.count("\n") == 1 and run.stderr.startswith(PROG), run.stderr
     assert message in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS + BAD_OUTPUTS)
+def test_a_refusal_is_one_line_exit_2_and_touches_nothing(argv, message, folder):
+    before = snapshot(folder)
+    if "--out" not in argv:
+        argv = [*argv, "--out", "tr/fresh.safetensors"]
+    assert_refused(invoke.trainer(folder, *TINY, *argv), message)
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize(("argv", "message"), IN_A_SUBPROCESS)
+def test_a_refusal_through_the_real_interpreter(argv, message, folder):
+    before = snapshot(folder)
+    if "--out" not in argv:
+        argv = [*argv, "--out", "tr/fresh.safetensors"]
+    assert_refused(trainer(folder, *argv), message)
     assert snapshot(folder) == before
 
 
@@ -153,7 +177,7 @@ def test_a_run_writes_checkpoint_and_card_apart_and_overwrite_replaces_both(tmp_
         assert '"seed": 0' in f.metadata()["train_config"]
     old = out.read_bytes()
 
-    refused = trainer(tmp_path, "--out", "runs/tiny.safetensors", "--seed", "1")
+    refused = invoke.trainer(tmp_path, *TINY, "--out", "runs/tiny.safetensors", "--seed", "1")
     assert refused.returncode == 2 and "exists; --overwrite replaces it" in refused.stderr
     assert out.read_bytes() == old
 
