@@ -48,13 +48,12 @@ python3 - "$RUNS" "$OUT" <<'PY' | tee "$OUT/table.md"
 import json, sys
 from pathlib import Path
 from swa_bench.bench.flop_model import step_flops
-from swa_bench.kernels import KernelSettings
+from swa_bench.kernels import Kernels
 from swa_bench.model.args import PRESETS
 from swa_bench.model.requests import RequestSpec
 
 runs, out = Path(sys.argv[1]), Path(sys.argv[2])
 args = PRESETS["v41-flash"]
-kernels = KernelSettings().resolve("cuda", interpret=False)  # the H200 runs' default: Triton
 rates = {}
 print("| tokens | mode | reference ms | replay ms | speedup | FLOP-ideal (counter / model) "
       "| efficiency | reference TFLOP/s (MFU) | replay TFLOP/s (MFU) | device max GiB | E5 |")
@@ -73,6 +72,8 @@ for name in ("eager-16k", "piecewise-16k", "eager-64k", "piecewise-64k"):
         ref, rep = (t.get("reference") or {}), (t.get("replay") or {})
         kept = case.get("deterministic", {}).get("kept_rows", args.window)
         req = [RequestSpec(prompt_len=case["tokens"])]
+        ran = case.get("kernels") or {"backend": "triton"}  # the kernels the case recorded
+        kernels = Kernels(ran["backend"])  # the FLOP model depends on the backend alone
         model = step_flops(args, req, [case["tokens"]], "cuda", kernels)["total"] / \
             step_flops(args, req, [kept], "cuda", kernels)["total"]
         peak = case.get("peak_memory_bytes", {})

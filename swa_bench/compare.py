@@ -228,6 +228,10 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
     kernels = kernel_differences(baseline, current)
     if kernels and allow_config_change:
         warnings.append("A/B: kernels differ (" + ", ".join(kernels) + ")")
+    if (baseline.kernels is None) != (current.kernels is None):
+        side = "baseline" if baseline.kernels is None else "current"
+        warnings.append(f"kernels not recorded in {side} (an older results file): whether both "
+                        "ran the same kernels is unknown")
 
     if current.status == "error" and baseline.status != "error":
         regressions.append(f"case now raises: {' '.join((current.error or '').split())}")
@@ -254,13 +258,20 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
                      for check_id in baseline_checks.keys() - current_checks.keys()]
 
     for name in ("deterministic", "flops"):
-        changed, one_sided = _exact_differences(name, getattr(baseline, name),
-                                                getattr(current, name))
-        # Other kernels count other FLOPs (a kernel's formula is not the PyTorch path's): in an
-        # A/B comparison a changed figure is reported, not a regression.
-        regressions += [] if kernels else changed
-        warnings += [f"{c} [other kernels]" for c in changed] if kernels else []
-        warnings += one_sided
+        before, after = getattr(baseline, name), getattr(current, name)
+        # Other kernels count other FLOPs (a kernel's formula is not the PyTorch path's ops): in
+        # an A/B comparison a changed FLOP figure is reported, not a regression. Every other
+        # deterministic figure (kept rows, graphs) does not depend on the kernels and still gates.
+        flop_keys = ({k for k in before.keys() | after.keys() if name == "flops"
+                      or k.startswith("flops_")} if kernels else set())
+        changed, one_sided = _exact_differences(
+            name, {k: v for k, v in before.items() if k not in flop_keys},
+            {k: v for k, v in after.items() if k not in flop_keys})
+        moved, _ = _exact_differences(
+            name, {k: v for k, v in before.items() if k in flop_keys},
+            {k: v for k, v in after.items() if k in flop_keys})
+        regressions += changed
+        warnings += [f"{c} [other kernels]" for c in moved] + one_sided
 
     timings = []
     for path in TIMED_PATHS:

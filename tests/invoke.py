@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +33,33 @@ class Outcome:
     stderr: str
 
 
+# A bad input must be refused in bounded time: a case that hangs (a pipe read, an expansion
+# that never ends) fails its test after this long instead of stalling the whole session. The
+# subprocess tests bound memory too; in-process cases are the ones refused before allocating.
+TIME_LIMIT_S = 60
+
+
+class TookTooLong(Exception):
+    pass
+
+
 @contextlib.contextmanager
 def _inside(cwd: Path | None) -> Iterator[None]:
+    """Run from ``cwd`` under ``TIME_LIMIT_S`` (SIGALRM: the main thread, as pytest runs)."""
     before = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)
+
+    def expire(signum, frame):
+        raise TookTooLong(f"not refused within {TIME_LIMIT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TIME_LIMIT_S)
     try:
         yield
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         os.chdir(before)
 
 

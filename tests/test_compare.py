@@ -133,7 +133,27 @@ def test_cases_that_ran_other_kernels_are_never_unchanged(change, reason):
     assert statuses(ab) == {"warning"} and not ab.failed
     assert all(f"A/B: kernels differ ({reason})" in row.reasons for row in ab.rows)
     assert statuses(compare_runs(baseline, baseline.model_copy(deep=True))) == {"unchanged"}
-    assert statuses(compare_runs(clean_run(), current)) == {"unchanged"}
+    older = compare_runs(clean_run(), current)  # a baseline from before kernels were recorded
+    assert statuses(older) == {"warning"} and not older.failed
+    assert all("kernels not recorded in baseline (an older results file): whether both ran the "
+               "same kernels is unknown" in row.reasons for row in older.rows)
+
+
+def test_an_a_b_of_kernels_still_gates_every_figure_but_the_flops():
+    """Other kernels count other FLOPs, so under --allow-config-change a FLOP change warns; a
+    kept-row change does not depend on the kernels and still regresses."""
+    baseline = with_kernels(clean_run())
+    current = with_kernels(baseline, backend="torch")
+    for case in current.cases:
+        case.flops = {path: 2 * n for path, n in case.flops.items()}
+    ab = compare_runs(baseline, current, allow_config_change=True)
+    assert statuses(ab) == {"warning"} and not ab.failed
+    assert all(any(r.startswith("flops.") and r.endswith("[other kernels]") for r in row.reasons)
+               for row in ab.rows)
+    current.cases[0].deterministic = {**current.cases[0].deterministic,
+                                      "kept_rows": current.cases[0].deterministic["kept_rows"] + 1}
+    ab = compare_runs(baseline, current, allow_config_change=True)
+    assert ab.rows[0].status == "regressed" and ab.failed
 
 
 

@@ -27,6 +27,7 @@ import torch
 from swa_bench.kernels import TORCH_KERNELS, Kernels, index_score_flops
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import varlen_chunk_rows
+from swa_bench.model.key_sources import visible_counts
 from swa_bench.model.requests import RequestSpec
 from swa_bench.model.sparse_attention import index_chunk_rows
 
@@ -61,7 +62,7 @@ def attention_core_flops(
     chunk = varlen_chunk_rows(rows.q_len, n_glob, args.n_heads, args.window, device)
     total = 0
     for c, last in chunks(rows, chunk):
-        total += c * per_key * (args.window + min(n_glob, last if ratio == 1 else last // ratio))
+        total += c * per_key * (args.window + visible_counts(last - 1, rows.seq_len, ratio))
     return total
 
 
@@ -84,7 +85,7 @@ def indexer_flops(
         if fused:
             total += index_score_flops(c, last - c, n_keys, ratio, heads, d)
         else:
-            total += c * heads * min(n_keys, last if ratio == 1 else last // ratio) * (2 * d + 2)
+            total += c * heads * visible_counts(last - 1, rows.seq_len, ratio) * (2 * d + 2)
     return projections + total
 
 

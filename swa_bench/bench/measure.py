@@ -37,9 +37,10 @@ class PathMeasurement:
 
 
 class FlopCache:
-    """FLOPs of a path, counted once per (model, inputs, plan, kernel): eager steps of every
-    graph mode that run the same plan do the same arithmetic; a FULL graph's static attention
-    kernel does more than PIECEWISE's varlen one at the same padded size."""
+    """FLOPs of a path, counted once per (model, inputs, plan, shape mode, kernels): eager steps
+    of every graph mode that run the same plan do the same arithmetic; a FULL graph's static
+    attention does more than PIECEWISE's varlen one at the same padded size, and other kernels
+    count other FLOPs (a fused kernel's formula is not the PyTorch path's ops)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple, int] = {}
@@ -48,8 +49,8 @@ class FlopCache:
         self.counts.clear()
 
     def count(self, engine: Engine, inputs: StepInputs, plan: StepPlan) -> int:
-        kernel = engine.config.graph_mode if plan.graph_size is not None else "eager"
-        key = (id(engine.model), inputs, kernel, plan.graph_size, plan.replays, plan.kept_lens)
+        key = (id(engine.model), inputs, plan.shape_mode, plan.graph_size, plan.replays,
+               plan.kept_lens, engine.kernels)
         if key not in self.counts:
             self.counts[key] = count_flops(
                 lambda: engine.eager_equivalent(

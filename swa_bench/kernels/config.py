@@ -151,8 +151,8 @@ class KernelSettings:
         that starts with its name (``names`` maps a field to where it was written)."""
         names = {"backend": "backend", "tile": "tile", "launch": "launch", **(names or {})}
         chosen = backend.strip().lower()
-        if chosen and chosen not in BACKENDS:
-            raise ValueError(f"{names['backend']}: must be one of {', '.join(BACKENDS)}, "
+        if chosen and chosen not in ("auto", *BACKENDS):
+            raise ValueError(f"{names['backend']}: must be one of auto, {', '.join(BACKENDS)}, "
                              f"got {chosen!r}")
         mode = launch.strip().lower() or "direct"
         if mode not in LAUNCH_MODES:

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from swa_bench.bench.advice import threshold_advice
 from swa_bench.bench.environment import capture_environment, scenario_hash
+from swa_bench.engine.config import resolve_kernels
 from swa_bench.report.console import case_progress, print_checks, print_run_summary, report_checks
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
 from swa_bench.run.cases import CaseRunner, resolve_device
@@ -85,6 +86,26 @@ def run_scenarios(
     return code
 
 
+def refuse_other_kernels(run_dir: Path, results: RunResults, cases: Sequence[Case],
+                         runner: CaseRunner) -> None:
+    """A resumed run must go on with the kernels its finished cases ran: one results.json holds
+    one measurement (a changed ``SWA_BENCH_*`` default would mix two). Cases recorded before
+    kernels were (``None``) are not judged."""
+    by_id = {case.case_id: case for case in cases}
+    for done in results.cases:
+        case = by_id.get(done.case_id)
+        if case is None or done.kernels is None:
+            continue
+        now = resolve_kernels(case.engine_config().kernels, runner.device.type).record()
+        if done.kernels.model_dump() != now:
+            before = done.kernels.model_dump()
+            what = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in now if before[k] != now[k])
+            raise ResultsError(run_dir / "results.json", "kernels",
+                               f"case {done.label} ran other kernels than this run would "
+                               f"({what}); resume with the same kernel settings or start a new "
+                               "run")
+
+
 def run_one(
     item: LoadedScenario, run_dir: Path, *, resume: bool, console: Console,
     timing: bool = True, gpus: int = 1, max_cases: int | None = None,
@@ -112,6 +133,7 @@ def run_one(
         results.cases.sort(key=lambda c: c.index)
         save_results(run_dir, results)
         clear_shards(run_dir)
+    refuse_other_kernels(run_dir, results, cases, runner)
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from swa_bench.bench.environment import capture_environment
 from swa_bench.checks.parallel import check_dp, check_tp
+from swa_bench.engine.config import kernel_settings_from_environment
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.parallel.agreement import DataParallelAgreement
@@ -151,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         help="test hook: this rank ignores the DP agreement (must be caught)",
     )
     args = parser.parse_args(argv)
+    try:
+        kernel_settings_from_environment()  # a malformed SWA_BENCH_* default: refused up front
+    except ValueError as err:
+        print(f"environment: {err}", file=sys.stderr)
+        return 2
     try:
         item = ready(load(args.scenario), args.select)
     except ScenarioError as err:

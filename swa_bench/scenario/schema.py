@@ -370,7 +370,8 @@ class Scenario(_Strict):
         return self.workload.specs()
 
     def kernel_settings(self) -> KernelSettings:
-        """The ``kernels:`` section over the environment's default (read here, once a case)."""
+        """The ``kernels:`` section over the environment's default, read here (a case resolves
+        it once: ``Case.engine_config``)."""
         return self.kernels.settings(kernel_settings_from_environment())
 
     def engine_config(self) -> EngineConfig:

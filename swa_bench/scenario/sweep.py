@@ -7,6 +7,7 @@ Each case is the base scenario with its axis values substituted, re-validated as
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -41,6 +42,12 @@ class Case:
         return self.scenario.requests()
 
     def engine_config(self) -> EngineConfig:
+        """The case's complete engine configuration, resolved once (the kernels' environment
+        default is read then): every later read of the case sees the same settings."""
+        return self._engine_config
+
+    @functools.cached_property
+    def _engine_config(self) -> EngineConfig:
         return self.scenario.engine_config()
 
     def trim_threshold(self) -> int:

@@ -1,7 +1,11 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from swa_bench.bench import measure
 from swa_bench.bench.flops import count_flops, measure_peak_memory
+from swa_bench.kernels import TORCH_KERNELS, Kernels
 
 CPU = torch.device("cpu")
 MIB = 1 << 20
@@ -89,3 +93,21 @@ def test_peak_memory_cuda():
 
     assert MIB <= measure_peak_memory(fn, device) < 2 * MIB
     del keep
+
+
+def test_the_flop_cache_keeps_other_kernels_apart(monkeypatch):
+    """Other kernels count other FLOPs (a fused kernel's formula is not the PyTorch path's ops):
+    a sweep over ``kernels.backend`` must count each setting, not reuse the first one's."""
+    counted = []
+    monkeypatch.setattr(measure, "count_flops", lambda run: counted.append(run) or len(counted))
+    plan = SimpleNamespace(shape_mode="varlen", graph_size=None, replays=True, kept_lens=(4,))
+    model = object()
+
+    def engine(kernels):
+        return SimpleNamespace(model=model, kernels=kernels, eager_equivalent=lambda *a: None)
+
+    inputs = ("the same inputs",)  # hashable, as the frozen StepInputs is
+    cache = measure.FlopCache()
+    torch_path = cache.count(engine(TORCH_KERNELS), inputs, plan)
+    assert cache.count(engine(TORCH_KERNELS), inputs, plan) == torch_path == 1
+    assert cache.count(engine(Kernels("triton", interpret=True)), inputs, plan) == 2

@@ -16,6 +16,7 @@ def test_the_environment_is_parsed_once_into_settings_naming_each_variable():
     assert kernel_settings_from_environment(env) == KernelSettings(
         "triton", TileConfig(64, 0, 8, 2), "triton")
     assert kernel_settings_from_environment({}) == KernelSettings()
+    assert kernel_settings_from_environment({"SWA_BENCH_KERNELS": "auto"}) == KernelSettings()
     for variable, value in (("SWA_BENCH_KERNELS", "cuda"), ("SWA_BENCH_MQA_TILE", "64,0,8"),
                             ("SWA_BENCH_TRITON_LAUNCH", "fast")):
         with pytest.raises(ValueError, match=f"^{variable}: .*{value!r}"):

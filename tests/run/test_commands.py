@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from swa_bench.checks import equivalence
 from swa_bench.cli import app
-from swa_bench.results import RunResults, load_results
+from swa_bench.results import ResultsError, RunResults, load_results, save_results
 from swa_bench.run.cases import CaseRunner
 from swa_bench.run.commands import run_scenarios
 from swa_bench.run.folder import Interrupted
@@ -111,6 +111,34 @@ def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_pa
     all_ids = [c.case_id for c in expand_cases(load_scenario(scenario_file))]
     assert sorted(resumed) == sorted(set(all_ids) - set(calls))
     assert sorted(c.case_id for c in load_results(out).cases) == sorted(all_ids)
+
+
+def test_a_resume_under_other_kernels_is_refused(scenario_file, tmp_path, monkeypatch):
+    """One results.json is one measurement: a resumed run whose kernels differ from those its
+    finished cases recorded (a changed SWA_BENCH_* default) is refused, naming the case and
+    what differs, before any case runs."""
+    out = tmp_path / "run"
+    real = CaseRunner.run_case
+
+    def killed_after_first(self, case, **kwargs):
+        if load_results_or_none(out):
+            raise KeyboardInterrupt
+        return real(self, case, **kwargs)
+
+    def load_results_or_none(folder):
+        return (folder / "results.json").exists() and load_results(folder).cases
+
+    monkeypatch.setattr(CaseRunner, "run_case", killed_after_first)
+    with pytest.raises(Interrupted):
+        run_scenarios([scenario_file], out=out, console=quiet())
+    finished = load_results(out)
+    assert finished.cases[0].kernels.backend == "torch"
+    finished.cases[0].kernels.backend = "triton"  # as if the first run had run Triton's kernels
+    save_results(out, finished)
+    monkeypatch.setattr(CaseRunner, "run_case", lambda *a, **k: pytest.fail("a case ran"))
+    with pytest.raises(ResultsError, match=r"kernels: case .* ran other kernels than this run "
+                                           r"would \(backend triton -> torch"):
+        run_scenarios([scenario_file], out=out, resume=True, console=quiet())
 
 
 def test_a_case_that_raises_is_recorded_and_the_others_run(scenario_file, tmp_path, monkeypatch):
