@@ -20,7 +20,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from swa_bench.results.frame import results_frame
-from swa_bench.results.schema import SCHEMA_VERSION, RunResults
+from swa_bench.results.schema import READABLE_VERSIONS, SCHEMA_VERSION, RunResults
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -149,9 +149,9 @@ def load_results(path_or_run_dir: str | Path) -> RunResults:
     if not isinstance(data, dict):
         raise ResultsError(path, None, f"top level must be an object, not {type(data).__name__}")
     version = data.get("schema_version", SCHEMA_VERSION)
-    if type(version) is not int or version != SCHEMA_VERSION:  # True == 1 in Python
+    if type(version) is not int or version not in READABLE_VERSIONS:  # True == 1 in Python
         raise ResultsError(path, "schema_version", f"unsupported version {version!r} "
-                           f"(this swa-bench reads {SCHEMA_VERSION})")
+                           f"(this swa-bench reads {', '.join(map(str, READABLE_VERSIONS))})")
     try:
         return RunResults.model_validate(data)
     except RecursionError:

@@ -1,4 +1,4 @@
-"""The results of one run as data: results.json's models (schema_version 1) and their tallies.
+"""The results of one run as data: results.json's models (schema_version 2) and their tallies.
 
 Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
 of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 is version 2 without each case's ``kernels`` (read as None: not recorded).
+READABLE_VERSIONS = (1, 2)
 TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
 
 CaseStatus = Literal["ok", "failed", "error"]
@@ -192,7 +194,7 @@ class ThresholdAdvice(_Strict):
 
 
 class RunResults(_Strict):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     scenario_name: str
     scenario_file: str | None
     scenario_hash: str
