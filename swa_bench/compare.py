@@ -215,6 +215,12 @@ def _exact_differences(name: str, baseline: dict[str, int], current: dict[str, i
     return changed, one_sided
 
 
+def _split(figures: dict[str, int], aside) -> tuple[dict[str, int], dict[str, int]]:
+    """``figures`` as (those ``aside`` leaves, those it takes)."""
+    return ({k: v for k, v in figures.items() if not aside(k)},
+            {k: v for k, v in figures.items() if aside(k)})
+
+
 def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
                  timing_gate: str | None, max_slowdown: float, alpha: float,
                  min_samples: int, allow_config_change: bool = False) -> ComparisonRow:
@@ -262,16 +268,15 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
         # Other kernels count other FLOPs (a kernel's formula is not the PyTorch path's ops): in
         # an A/B comparison a changed FLOP figure is reported, not a regression. Every other
         # deterministic figure (kept rows, graphs) does not depend on the kernels and still gates.
-        flop_keys = ({k for k in before.keys() | after.keys() if name == "flops"
-                      or k.startswith("flops_")} if kernels else set())
-        changed, one_sided = _exact_differences(
-            name, {k: v for k, v in before.items() if k not in flop_keys},
-            {k: v for k, v in after.items() if k not in flop_keys})
-        moved, _ = _exact_differences(
-            name, {k: v for k, v in before.items() if k in flop_keys},
-            {k: v for k, v in after.items() if k in flop_keys})
+        def counts_flops(key: str, name: str = name) -> bool:
+            return bool(kernels) and (name == "flops" or key.startswith("flops_"))
+
+        (gated_before, flops_before), (gated_after, flops_after) = (
+            _split(before, counts_flops), _split(after, counts_flops))
+        changed, one_sided = _exact_differences(name, gated_before, gated_after)
+        moved, moved_one_sided = _exact_differences(name, flops_before, flops_after)
         regressions += changed
-        warnings += [f"{c} [other kernels]" for c in moved] + one_sided
+        warnings += [f"{c} [other kernels]" for c in moved] + one_sided + moved_one_sided
 
     timings = []
     for path in TIMED_PATHS:

@@ -10,6 +10,7 @@ import torch
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from swa_bench.engine.config import triton_interpreting
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model
 
@@ -32,3 +33,16 @@ def tiny_args():
 def tiny_model(tiny_args):
     model, _ = build_model(tiny_args, seed=0)
     return model
+
+
+@pytest.fixture
+def interpreter():
+    """The Triton kernels on CPU tensors through Triton's interpreter, switched on at the top of
+    this file (skipped without triton, and where a GPU runs the compiled kernels instead). Under
+    CI a missing triton fails: the ``[test]`` extra installs it on Linux x86_64."""
+    if importlib.util.find_spec("triton") is None:
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail("triton is missing and CI is set: the Triton tests on CPU must run in CI")
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available() or not triton_interpreting():
+        pytest.skip("the GPU runs the compiled kernels (tests marked cuda)")

@@ -144,6 +144,15 @@ def test_the_bombs_stop_run_and_check_too(corpus, tmp_path, command):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_kernels_tokens_is_refused_within_the_process_memory_limit(tmp_path):
+    """The memory pre-check counts this process's own address-space limit, not only the
+    machine's free memory: 3M rows of the tiny preset (3.8 GiB resident) fit the 24 GiB machine
+    but not the 3 GiB limit, so they are refused in one line before any allocation."""
+    proc = swa_bench("kernels", "-t", "3000000", cwd=tmp_path)
+    assert_one_line_exit_2(proc, "--tokens: 3000000 rows need at least", "GiB free")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_huge_file_is_refused_unread(corpus):
     proc = swa_bench("validate", str(corpus / "huge_file.yaml"))
     assert_one_line_exit_2(proc, "larger than")

@@ -12,7 +12,6 @@ at the measured copy bandwidth.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -97,13 +96,6 @@ def resident_bytes(args: ModelArgs, tokens: int, dtype: torch.dtype,
     if "sparse" in names:
         held += tokens * (args.index_topk or 4 * args.window) * 20  # fp32 draw, two int64
     return held
-
-
-def free_bytes(device: torch.device) -> int:
-    """Memory a problem can take now: the GPU's free memory, or the host's available pages."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _prefill(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dtype):

@@ -20,10 +20,10 @@ from swa_bench.bench.kernels import (
     PROBLEMS,
     SWEEP_TILES,
     bench_kernels,
-    free_bytes,
     measure_peaks,
     resident_bytes,
 )
+from swa_bench.engine.device_memory import free_bytes
 from swa_bench.model.args import PRESETS, ModelArgs
 from swa_bench.run.errors import CommandError
 
@@ -62,7 +62,7 @@ class KernelRun:
             raise CommandError(f"--tokens: {max(counts)} rows: {err}") from None
         torch_dtype = getattr(torch, dtype)
         need, free = resident_bytes(args, max(counts), torch_dtype, names), free_bytes(device)
-        if need > free:
+        if free is not None and need > free:
             raise CommandError(f"--tokens: {max(counts)} rows need at least {need / 2**30:.3g} "
                                f"GiB, {device.type} has {free / 2**30:.3g} GiB free")
         return cls(device, preset, args, names, counts, torch_dtype)

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 from swa_bench.engine.config import triton_interpreting
@@ -26,19 +23,6 @@ def on_kernels(kernels: Kernels) -> contextlib.AbstractContextManager[ForwardCon
     """A forward context that carries only ``kernels``: model parts run outside an engine (a
     block's mHC, an MoE, ``apply_rope``) read their kernels from it."""
     return set_forward_context(ForwardContext(None, None, None, kernels))
-
-
-@pytest.fixture
-def interpreter():
-    """The Triton kernels on CPU tensors through Triton's interpreter, which tests/conftest.py
-    switches on (skipped without triton, and where a GPU runs the compiled kernels instead).
-    Under CI a missing triton fails: the ``[test]`` extra installs it on Linux x86_64."""
-    if importlib.util.find_spec("triton") is None:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail("triton is missing and CI is set: the kernels' CPU tests must run in CI")
-        pytest.skip("triton is not installed")
-    if torch.cuda.is_available() or not triton_interpreting():
-        pytest.skip("the GPU runs the compiled kernels (tests marked cuda)")
 
 
 @dataclass

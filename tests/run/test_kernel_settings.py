@@ -3,15 +3,11 @@ records each in results.json, and ``compare`` of the two runs never calls them u
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import os
 
-import pytest
 from rich.console import Console
 
 from swa_bench.compare import compare_runs
-from swa_bench.engine.config import triton_interpreting
 from swa_bench.results import load_results
 from swa_bench.run.commands import run_scenarios
 from swa_bench.run.compare import compare_command
@@ -35,20 +31,8 @@ timing: {{warmup: 0, iters: 2, breakdown: false}}
 """
 
 
-@pytest.fixture
-def interpreted():
-    """The Triton backend on CPU runs through Triton's interpreter; under CI a missing triton
-    fails (the ``[test]`` extra installs it), as the kernels' own CPU tests do."""
-    if importlib.util.find_spec("triton") is None:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail("triton is missing and CI is set: the kernel-settings test must run in CI")
-        pytest.skip("triton is not installed")
-    if not triton_interpreting():
-        pytest.skip("the Triton backend on CPU needs Triton's interpreter (TRITON_INTERPRET=1)")
-
-
 def test_two_kernel_settings_are_recorded_and_refused_by_compare(tmp_path, monkeypatch,
-                                                                 interpreted):
+                                                                 interpreter):
     """The environment is only the default: with ``SWA_BENCH_KERNELS=torch`` a scenario without
     a ``kernels:`` section runs the PyTorch path, one that names triton and a tile runs those
     (E5, bitwise, passes on each). Compare fails on the pair unless asked for an A/B."""
