@@ -33,7 +33,8 @@ from swa_bench.model.forward_context import (
     region,
     set_forward_context,
 )
-from swa_bench.model.model import Streams, Transformer
+from swa_bench.model.hyper_connection import Streams
+from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
 from swa_bench.replay.replay_batch import ReplayBatch, build_replay_batch
 

@@ -29,7 +29,8 @@ from swa_bench.graphs.standin import TapeSegment
 from swa_bench.model.batch import StepBatch, build_step
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
-from swa_bench.model.model import Streams, Transformer
+from swa_bench.model.hyper_connection import Streams
+from swa_bench.model.model import Transformer
 
 CaptureMode = Literal["piecewise", "full"]
 

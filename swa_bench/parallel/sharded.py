@@ -25,14 +25,9 @@ from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
-from swa_bench.model.model import (
-    Attention,
-    MoE,
-    RoutedExperts,
-    Transformer,
-    build_model,
-    grouped_mm,
-)
+from swa_bench.model.latent_attention import Attention
+from swa_bench.model.model import Transformer, build_model
+from swa_bench.model.moe import MoE, RoutedExperts, grouped_mm
 from swa_bench.parallel.collectives import all_reduce_sum
 from swa_bench.parallel.layout import ParallelLayout
 

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from swa_bench.model.key_sources import pool, visible_counts, visible_mask
-from swa_bench.model.model import MoE, Transformer, apply_rope
+from swa_bench.model.model import Transformer
+from swa_bench.model.moe import MoE
+from swa_bench.model.rope import apply_rope
 from swa_bench.model.sparse_attention import select_top_k
 
 

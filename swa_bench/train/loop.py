@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from swa_bench.model.args import PRESETS, ModelArgs
-from swa_bench.model.model import HyperConnection, Transformer, build_model
+from swa_bench.model.hyper_connection import HyperConnection
+from swa_bench.model.model import Transformer, build_model
 from swa_bench.tasks import data
 from swa_bench.train.forward import train_forward
 

@@ -76,7 +76,7 @@ def test_e1_to_e5_pass_on_the_trained_weights(trained):
 def test_e4_on_the_trained_weights_still_fails_a_reference_position_bug(trained, monkeypatch):
     """E4's envelope (256 epsilons of each tensor's RMS) passes rounding between a prefill and
     a decode, not a bug: RoPE one position ahead in steps of several rows fails it."""
-    from swa_bench.model import model as model_module
+    from swa_bench.model import latent_attention as model_module
 
     real = model_module.apply_rope
 

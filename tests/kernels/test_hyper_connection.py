@@ -8,7 +8,8 @@ import torch
 
 from swa_bench.kernels import hc_gains, hc_gated_pre, hc_post, hc_post_gated_pre, hc_pre
 from swa_bench.model.args import PRESETS
-from swa_bench.model.model import build_model, sinkhorn, weighted_sum
+from swa_bench.model.hyper_connection import sinkhorn, weighted_sum
+from swa_bench.model.model import build_model
 from tests.kernels.conftest import TRITON, on_kernels
 
 
@@ -61,7 +62,7 @@ def test_a_rows_sum_does_not_depend_on_the_batch(interpreter):
 def test_model_takes_the_fused_sums_only_without_gradients(interpreter, monkeypatch):
     """On the Triton kernels, an inference forward runs the kernels and gives the PyTorch
     path's logits up to rounding; a training forward keeps the PyTorch path."""
-    import swa_bench.model.model as model_module
+    import swa_bench.model.hyper_connection as model_module
 
     args = PRESETS["tiny"].replace(hc_mult=4, max_seq_len=32)
     model, _ = build_model(args, seed=0)
@@ -131,7 +132,7 @@ def test_gates_are_the_sigmoids_of_the_gains(interpreter, dtype):
 
 
 def test_the_model_takes_the_fused_gates(interpreter):
-    from swa_bench.model.model import HyperConnection
+    from swa_bench.model.hyper_connection import HyperConnection
 
     args = PRESETS["tiny"].replace(hc_mult=4)
     hc = HyperConnection(args)
@@ -283,8 +284,9 @@ def test_post_then_gated_pre_is_the_post_then_the_next_pre(interpreter, dtype, r
 def test_the_block_takes_the_post_then_pre_kernel_for_narrow_rows(interpreter, monkeypatch):
     """On the Triton kernels, a block of the small preset's width fuses its attention post into its
     feed-forward pre; V4.1's width (5120: over one program's row) keeps three launches."""
-    from swa_bench.model import model as model_module
-    from swa_bench.model.model import HyperConnection, RMSNorm
+    from swa_bench.model import hyper_connection as model_module
+    from swa_bench.model.hyper_connection import HyperConnection
+    from swa_bench.model.norm import RMSNorm
 
     calls = []
     real = model_module.hc_post_gated_pre

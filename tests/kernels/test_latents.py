@@ -14,10 +14,11 @@ from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.kernels import TORCH_KERNELS
 from swa_bench.kernels.latents import fused_latents, norm_latents
-from swa_bench.model import model as model_module
+from swa_bench.model import latent_attention as model_module
 from swa_bench.model.args import PRESETS
-from swa_bench.model.model import build_model, rope_table
+from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
+from swa_bench.model.rope import rope_table
 from tests.kernels.conftest import TRITON
 
 THETA = 10000.0

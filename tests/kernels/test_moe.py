@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from swa_bench.kernels import moe as moe_kernels
 from swa_bench.kernels.moe import expert_gemm, moe_combine, moe_route, moe_sort, silu_mul
-from swa_bench.model import model as model_module
+from swa_bench.model import moe as model_module
 from swa_bench.model.args import PRESETS
-from swa_bench.model.model import MoE
+from swa_bench.model.moe import MoE
 from tests.kernels.conftest import TRITON, on_kernels
 
 

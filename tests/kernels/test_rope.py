@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from swa_bench.kernels.rope import rope_
-from swa_bench.model import model as model_module
-from swa_bench.model.model import apply_rope, rope_table
+from swa_bench.model import rope as model_module
+from swa_bench.model.rope import apply_rope, rope_table
 from tests.kernels.conftest import TRITON, on_kernels
 
 # One rounding to the dtype apart: the interpreter rounds to bf16 by truncation (the GPU to

@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-import swa_bench.model.model as model_module
+import swa_bench.model.moe as model_module
 from swa_bench.model.args import PRESETS
-from swa_bench.model.model import HyperConnection, apply_rope, sinkhorn, weighted_sum
+from swa_bench.model.hyper_connection import HyperConnection, sinkhorn, weighted_sum
+from swa_bench.model.rope import apply_rope
 
 
 def test_rope_rotates_each_pair_by_position_times_frequency():

@@ -1,0 +1,184 @@
+"""The attention layer: low-rank query, one shared K=V latent (MQA) with partial RoPE, the
+window and global key sources, the indexer's query side, and the grouped low-rank output."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swa_bench.kernels import fused_latents, norm_latents
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.attention import attend
+from swa_bench.model.derived import derived_from_weights
+from swa_bench.model.forward_context import active_kernels, get_forward_context
+from swa_bench.model.graph_breaks import eager_break
+from swa_bench.model.key_sources import GlobalKV
+from swa_bench.model.norm import RMSNorm
+from swa_bench.model.rope import apply_rope, rope_table
+from swa_bench.model.sparse_attention import IndexQuery, select
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.args, self.layer = args, layer
+        self.n_heads, self.head_dim = args.n_heads, args.head_dim
+        self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(args.q_lora_rank, args.norm_eps)
+        self.wq_b = nn.Linear(args.q_lora_rank, args.n_heads * args.head_dim, bias=False)
+        self.wkv = nn.Linear(args.dim, args.head_dim, bias=False)
+        self.kv_norm = RMSNorm(args.head_dim, args.norm_eps)
+        group_in = args.n_heads // args.o_groups * args.head_dim
+        self.wo_a = nn.Parameter(torch.empty(args.o_groups, group_in, args.o_lora_rank))
+        self.wo_b = nn.Linear(args.o_groups * args.o_lora_rank, args.dim, bias=False)
+        self.sink = nn.Parameter(torch.zeros(args.n_heads))
+        source = args.kv_source_for(layer)
+        self.writes_latent = layer in args.kv_sources
+        if source is None:
+            self.global_kv = GlobalKV(None)
+        elif layer >= args.last_kv_source:
+            self.global_kv = GlobalKV(args.last_kv_source)
+        else:
+            self.global_kv = GlobalKV(source, args.compress_ratio)
+        # Sparse attention: the index source whose selection this layer reads (None: dense).
+        self.index_source = args.index_source_for(layer) if source is not None else None
+        self.runs_indexer = self.index_source == layer
+        if self.runs_indexer:
+            n_index, d_index = args.index_n_heads, args.index_head_dim
+            self.wq_index = nn.Linear(args.q_lora_rank, n_index * d_index, bias=False)
+            self.w_index = nn.Linear(args.dim, n_index, bias=False)
+        self.writes_index_keys = args.sparse and self.writes_latent
+        if self.writes_index_keys:
+            self.wk_index = nn.Linear(args.head_dim, args.index_head_dim, bias=False)
+            self.index_norm = RMSNorm(args.index_head_dim, args.norm_eps)
+
+    def index_weights(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The indexer's per-head weights of an index source's rows (None elsewhere)."""
+        if not self.runs_indexer:
+            return None
+        scale = (self.args.index_head_dim * self.args.index_n_heads) ** -0.5
+        return self.w_index(x) * scale
+
+    def index_query(
+        self, q_latent: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor
+    ) -> IndexQuery:
+        n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
+        q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
+        q = self.rope(q, positions, self.index_rope_dim, inplace=True)
+        source = self.args.kv_source_for(self.layer)
+        return IndexQuery(q, weights, source, self.args.index_topk)
+
+    @property
+    def index_rope_dim(self) -> int:
+        return min(self.args.rope_dim, self.args.index_head_dim // 2 * 2)
+
+    def project_latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query latent and the shared K=V latent of every row (stored as ``project_kv``
+        stores it). On the inference kernels: one GEMM over both projections' stacked weights
+        and one launch for both norms and the RoPE, three launches where the steps take eight."""
+        args = self.args
+        kernels = active_kernels()
+        if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
+            return self.q_norm(self.wq_a(x)), self.project_kv(x)
+        positions = get_forward_context().attn_metadata.positions
+        cos_table, sin_table = rope_table(x.device, args.rope_dim, args.rope_theta,
+                                          args.max_seq_len)
+        q_latent, kv, latent = norm_latents(
+            kernels, F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
+            (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
+            positions, cos_table, sin_table, args.rope_dim, keep_latent=self.writes_index_keys)
+        self.store_kv(kv, latent)
+        return q_latent, kv
+
+    def stacked_latent_weight(self) -> torch.Tensor:
+        """``[wq_a; wkv]``, stacked once and again only when either weight changes (their
+        version counters): an inference copy of ``(q_lora_rank + head_dim) x dim`` weights."""
+        weights = (self.wq_a.weight, self.wkv.weight)
+        return derived_from_weights(self, "_stacked_latent_weight", weights,
+                                    lambda: torch.cat(weights))
+
+    def project_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared K=V latent of every row, by the PyTorch steps (layer S's part on every
+        row, and the path where ``project_latents`` does not fuse), stored by ``store_kv``."""
+        latent = self.kv_norm(self.wkv(x))
+        positions = get_forward_context().attn_metadata.positions
+        kv = self.rope(latent, positions, self.args.rope_dim)
+        self.store_kv(kv, latent)
+        return kv
+
+    def store_kv(self, kv: torch.Tensor, latent: torch.Tensor | None) -> None:
+        """A KV source writes ``kv`` to its latent cache and, with sparse attention, its index
+        keys from ``latent`` (the normed latent before RoPE)."""
+        ctx = get_forward_context()
+        meta = ctx.attn_metadata
+        if self.writes_latent:
+            ctx.cache.latent[self.layer].index_copy_(0, meta.global_slot, kv)
+        if self.writes_index_keys:
+            keys = self.rope(self.index_norm(self.wk_index(latent)), meta.positions,
+                             self.index_rope_dim, inplace=True)
+            ctx.cache.index_keys[self.layer].index_copy_(0, meta.global_slot, keys)
+
+    def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
+        return self.rope(q, positions, self.args.rope_dim, inplace=True)
+
+    def rope(
+        self, x: torch.Tensor, positions: torch.Tensor, rope_dim: int, *, inplace: bool = False
+    ) -> torch.Tensor:
+        args = self.args
+        return apply_rope(
+            x, positions, rope_dim, args.rope_theta, args.max_seq_len, inplace=inplace
+        )
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
+        """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
+        if kv is None:
+            q_latent, kv = self.project_latents(x)
+        else:
+            q_latent = self.q_norm(self.wq_a(x))
+        return self.project_out(attention_op(q_latent, kv, self.index_weights(x), self.layer,
+                                             self))
+
+    def project_out(self, o: torch.Tensor) -> torch.Tensor:
+        """The heads ``[T, H, D]`` back to the model width: each group's low-rank projection as
+        one batched GEMM over a strided view of the heads (no transposed copy of them, 1 GB a
+        layer at 16K tokens) that writes token-major rows (no copy of its output either, where
+        no gradient is wanted: ``out=`` has no backward), then ``wo_b``."""
+        rows, groups = o.shape[0], self.args.o_groups
+        grouped = o.reshape(rows, groups, self.wo_a.shape[1]).transpose(0, 1)
+        if torch.is_grad_enabled() and (o.requires_grad or self.wo_a.requires_grad):
+            return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
+        low = o.new_empty(rows, groups, self.wo_a.shape[2])  # bmm writes it through a view
+        torch.bmm(grouped, self.wo_a, out=low.transpose(0, 1))
+        return self.wo_b(low.flatten(1))
+
+
+@eager_break("attention")
+def attention_op(
+    q_latent: torch.Tensor,
+    kv: torch.Tensor,
+    index_weights: torch.Tensor | None,
+    layer: int,
+    attn: Attention,
+) -> torch.Tensor:
+    """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata).
+
+    It takes the low-rank query latent, not the heads: a captured graph keeps every break's
+    inputs alive, and at 64K tokens 64 heads x 512 of query per layer would fill the GPU. An
+    index source publishes its selection in the forward context for the layers after it.
+    """
+    ctx = get_forward_context()
+    meta = ctx.metadata_for(layer)
+    q = attn.project_q(q_latent, meta.positions)
+    if attn.runs_indexer:
+        index = attn.index_query(q_latent, meta.positions, index_weights)
+        if ctx.index_queries is not None:
+            ctx.index_queries[layer] = index
+        given = ctx.given_selection.get(layer)
+        if given is None:
+            given = select(meta, ctx.cache, index, attn.global_kv.ratio, ctx.shape_mode)
+        ctx.index_selection[layer] = given
+    selection = None if attn.index_source is None else ctx.index_selection[attn.index_source]
+    return attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
+                  ctx.shape_mode)

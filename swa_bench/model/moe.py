@@ -1,0 +1,178 @@
+"""Routed experts plus shared experts, dispatched as serving engines do."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swa_bench.kernels import (
+    Kernels,
+    expert_gemm,
+    fused_moe,
+    gate_in_route,
+    moe_combine,
+    moe_route,
+    moe_sort,
+    silu_mul,
+)
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.forward_context import active_kernels
+
+GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` rows sorted by group, ``w [G, N, K]``, ``ends [G]`` int32 cumulative row ends:
+    row block g times ``w[g].T``. ``torch._grouped_mm`` (CUDA bf16 on sm90, and CPU) where it
+    exists (CPU's is fast only on a row-major ``[G, K, N]``: the small CPU weights are copied).
+
+    Elsewhere (fp32/fp16 on CUDA: the check models; their inference on the Triton backend takes
+    ``expert_gemm`` instead) one GEMM runs every row against a chunk of groups' weights at once
+    and each row keeps its own group's columns: device-side groups, no host read of ``ends``, so
+    a captured graph replays the routing of each step (a host loop would freeze the capture's
+    partition), eager and graph runs compute it alike, and a small step launches a few kernels,
+    not a few per group. G times the arithmetic: never the timed bf16 path. Rows past
+    ``ends[-1]`` come out zero."""
+    cpu = x.device.type == "cpu"
+    if (cpu and hasattr(torch, "_grouped_mm")) or native_grouped_mm(x):
+        b = w.transpose(-2, -1)
+        return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
+    return grouped_mm_dense(x, w, ends)
+
+
+def native_grouped_mm(x: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs ``x``'s GEMMs on CUDA (bf16, sm90); elsewhere the Triton
+    backend's inference takes ``expert_gemm``, training and the PyTorch backend the fallback."""
+    return hasattr(torch, "_grouped_mm") and x.device.type == "cuda" and x.dtype == torch.bfloat16
+
+
+def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm`` by dense GEMMs over chunks of groups, each row keeping its group's part."""
+    m, (g_total, n, k) = x.shape[0], w.shape
+    row = torch.arange(m, device=x.device, dtype=ends.dtype)
+    group = torch.searchsorted(ends, row, right=True)
+    per_chunk = max(1, GROUPED_FALLBACK_ELEMENTS // max(1, m * n))
+    out = None
+    for g0 in range(0, g_total, per_chunk):
+        g1 = min(g_total, g0 + per_chunk)
+        y = (x @ w[g0:g1].reshape(-1, k).t()).view(m, g1 - g0, n)
+        local = group - g0 if g0 else group
+        if g1 - g0 == 1:
+            mine = y[:, 0]
+        else:
+            pick = local.clamp(0, g1 - g0 - 1)
+            mine = y.gather(1, pick.view(m, 1, 1).expand(m, 1, n)).squeeze(1)
+        inside = (local < g1 - g0) if g0 == 0 else (group >= g0) & (group < g1)
+        out = torch.where(inside[:, None], mine, 0.0 if out is None else out)
+    return out
+
+
+class RoutedExperts(nn.Module):
+    """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up), ``w2 [E, dim, inter]``."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        e, inter = args.n_routed_experts, args.moe_inter_dim
+        self.w13 = nn.Parameter(torch.empty(e, 2 * inter, args.dim))
+        self.w2 = nn.Parameter(torch.empty(e, args.dim, inter))
+
+
+MOE_ROWS = 16384  # tokens routed per chunk: the sorted copies stay a few GiB at 64K tokens
+
+
+class MoE(nn.Module):
+    """Top-k routed experts plus shared experts, dispatched as serving engines do.
+
+    Each token's (token, expert) pairs are sorted by expert (stable, so ties keep token order), the
+    rows are gathered and run through a grouped GEMM whose group ends are computed on the device
+    (``searchsorted``, no host sync: capturable at static shapes); outputs return to their pairs
+    and are combined with the routing weights. Unselected experts do no work.
+    """
+
+    def __init__(self, args: ModelArgs, shared_experts: RoutedExperts | None = None) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
+        self.inter = args.moe_inter_dim
+        self.gate = nn.Linear(args.dim, args.n_routed_experts, bias=False)
+        # A pool shared with other layers stays unregistered (the model owns it).
+        self.own_experts = RoutedExperts(args) if shared_experts is None else None
+        self.shared_pool = (shared_experts,)
+        shared = args.n_shared_experts * self.inter
+        self.shared_w13 = nn.Linear(args.dim, 2 * shared, bias=False) if shared else None
+        self.shared_w2 = nn.Linear(shared, args.dim, bias=False) if shared else None
+
+    @property
+    def experts(self) -> RoutedExperts:
+        return self.own_experts if self.own_experts is not None else self.shared_pool[0]
+
+    def route(self, x: torch.Tensor, fused: Kernels | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights (``fused``:
+        in one kernel, ``moe_route``, with the gate's product where ``gate_in_route``)."""
+        if fused is not None and gate_in_route(*self.gate.weight.shape):
+            return moe_route(fused, x, self.top_k, self.gate.weight)
+        logits = self.gate(x)
+        if fused is not None:
+            return moe_route(fused, logits, self.top_k)
+        scores = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
+        top = scores.topk(self.top_k, dim=-1)
+        return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
+
+    def routed(self, x: torch.Tensor, out: torch.Tensor | None = None,
+               fused: Kernels | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared experts'
+        output of those rows) when given, written into ``out`` when given; ``fused``: the
+        inference kernels these rows run on (``fused_moe``, decided once per forward), None: the
+        PyTorch steps."""
+        t, k = x.shape[0], self.top_k
+        experts, weights = self.route(x, fused)
+        if fused is not None:
+            order, ends = moe_sort(fused, experts, self.n_experts)
+        else:
+            pairs = experts.flatten()
+            order = torch.argsort(pairs, stable=True)
+            bounds = torch.arange(1, self.n_experts + 1, device=x.device)
+            ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
+        w = self.experts
+        if fused is not None and not native_grouped_mm(x):  # gather, SwiGLU, scatter in GEMMs
+            a = expert_gemm(fused, x, w.w13, ends, order, top_k=k, swiglu=True)
+            return moe_combine(fused, expert_gemm(fused, a, w.w2, ends, order, scatter=True),
+                               None, weights, out, shared)
+        h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
+        if fused is not None:
+            return moe_combine(fused, grouped_mm(silu_mul(fused, h), w.w2, ends), order,
+                               weights, out, shared)
+        g, u = h.chunk(2, dim=-1)
+        y = grouped_mm(F.silu(g) * u, w.w2, ends)
+        y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
+        y = torch.zeros_like(y).index_copy_(0, order, y)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        if shared is not None:
+            summed = summed + shared
+        return summed if out is None else out.copy_(summed)
+
+    def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
+        if self.shared_w13 is None:
+            return None
+        if fused is not None and not native_grouped_mm(x):  # the GEMM and SwiGLU in one launch
+            return self.shared_w2(expert_gemm(fused, x, self.shared_w13.weight[None], None, None,
+                                              swiglu=True))
+        h = self.shared_w13(x)
+        if fused is not None:
+            return self.shared_w2(silu_mul(fused, h))
+        s1, s3 = h.chunk(2, dim=-1)
+        return self.shared_w2(F.silu(s1) * s3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared experts run first: the routed experts' combine adds their output."""
+        kernels = active_kernels()
+        fused = kernels if fused_moe(kernels, x) else None
+        shared = self.shared_experts(x, fused)
+        if x.shape[0] <= MOE_ROWS:
+            return self.routed(x, fused=fused, shared=shared)
+        out = x.new_empty(x.shape)
+        for r in range(0, x.shape[0], MOE_ROWS):
+            self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS], fused,
+                        None if shared is None else shared[r : r + MOE_ROWS])
+        return out
