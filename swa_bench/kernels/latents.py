@@ -29,9 +29,10 @@ def norm_latents(kernels: Kernels, h: torch.Tensor, q_dim: int, q_norm: tuple[to
                  *, keep_latent: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """From ``h = [q | kv]`` ``[T, q_dim + kv_dim]``: ``rms_norm(q)``, ``rope(rms_norm(kv))``
-    and, with ``keep_latent``, ``rms_norm(kv)`` before the rotation (a sparse KV source's index
-    keys read it). Norms ``(weight, eps)`` in fp32, each result rounded to ``h``'s dtype where
-    the PyTorch path rounds: the normed K=V latent is rounded before it is rotated."""
+    (adjacent pairs, the layer's ``[length, rope_dim // 2]`` tables) and, with ``keep_latent``,
+    ``rms_norm(kv)`` before the rotation (a sparse KV source's index keys read it). Norms
+    ``(weight, eps)`` in fp32, each result rounded to ``h``'s dtype where the PyTorch path
+    rounds: the normed K=V latent is rounded before it is rotated."""
     from swa_bench.kernels import triton_latents
 
     rows, kv_dim = h.shape[0], h.shape[1] - q_dim

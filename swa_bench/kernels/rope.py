@@ -1,7 +1,9 @@
 """``rope_``: RoPE in place in one launch (Triton), for inference on the Triton backend.
 
 ``model.apply_rope`` keeps the PyTorch passes as the CPU path, for training (this has no backward)
-and as the oracle. Each row's result depends on that row alone: batch-invariant.
+and as the oracle. The layout is DeepSeek-V4.1's (inference/model.py `apply_rotary_emb`): adjacent
+feature pairs ``(2i, 2i + 1)`` of the last ``rope_dim`` features. Each row's result depends on
+that row alone: batch-invariant.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ def fused_rope(kernels: Kernels, x: torch.Tensor) -> bool:
 
 
 def rope_(kernels: Kernels, x: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
-          sin_table: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """Rotates the last ``rope_dim`` features of ``x`` in place by each row's position, with
-    the ``[length, rope_dim // 2]`` fp32 tables; returns ``x``."""
+          sin_table: torch.Tensor, rope_dim: int, *, inverse: bool = False) -> torch.Tensor:
+    """Turns each adjacent pair of the last ``rope_dim`` features of ``x`` in place by its row's
+    position, with the layer's ``[length, rope_dim // 2]`` fp32 tables (``inverse``: back, the
+    conjugate rotation); returns ``x``."""
     from swa_bench.kernels import triton_rope
 
     rows = x.shape[0]
@@ -33,5 +36,5 @@ def rope_(kernels: Kernels, x: torch.Tensor, positions: torch.Tensor, cos_table:
     launch(triton_rope.rope_kernel, (rows,),
         x, positions, cos_table, sin_table, x.stride(0), stride_h, heads,
         x.shape[-1] - rope_dim, half, BLOCK_H=next_pow2(heads), BLOCK_HALF=next_pow2(half),
-        direct=kernels.direct_launch, num_warps=4)
+        INVERSE=inverse, direct=kernels.direct_launch, num_warps=4)
     return x

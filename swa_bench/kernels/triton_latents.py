@@ -3,8 +3,8 @@
 The PyTorch path launches a norm per latent, a copy of the K=V latent and the RoPE on it (with
 the two projections, eight launches a layer, more host time than GPU time on a small step). Here
 one program holds a row of both latents: fp32 statistics, the norm's weight, a rounding to the
-dtype, then the rotation of the last ``2 half`` features from the rounded values, in fp32,
-rounded once more, as ``model.apply_rope`` does.
+dtype, then the rotation of the last ``2 half`` features (adjacent pairs, DeepSeek-V4.1's
+layout) from the rounded values, in fp32, rounded once more, as ``model.apply_rope`` does.
 
 Imported lazily (``swa_bench.kernels.latents``), as ``triton_mqa`` is.
 """
@@ -35,9 +35,9 @@ def latents_kernel(H, QW, KVW, POS, COS, SIN, Q, KV, LAT, stride_h, stride_q, st
                    q_dim, kv_dim, rope_first, half, q_eps, kv_eps, BLOCK_Q: tl.constexpr,
                    BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr, ROPE: tl.constexpr,
                    LATENT: tl.constexpr):
-    """Row t: ``Q = norm(h[:q_dim])``; ``KV = rope(norm(h[q_dim:]))`` rotating features
-    ``[rope_first, rope_first + half)`` (a) with ``[rope_first + half, kv_dim)`` (b) at the
-    row's position; ``LATENT``: ``LAT = norm(h[q_dim:])`` too."""
+    """Row t: ``Q = norm(h[:q_dim])``; ``KV = rope(norm(h[q_dim:]))`` turning each pair of
+    features ``rope_first + 2i`` (a) and ``rope_first + 2i + 1`` (b) at the row's position;
+    ``LATENT``: ``LAT = norm(h[q_dim:])`` too."""
     t = tl.program_id(0).to(tl.int64)
     row = t * stride_h
     dtype = Q.dtype.element_ty
@@ -54,13 +54,13 @@ def latents_kernel(H, QW, KVW, POS, COS, SIN, Q, KV, LAT, stride_h, stride_q, st
     if ROPE:
         j = tl.arange(0, BLOCK_HALF)
         jm = j < half
-        a = _normed(H, KVW, row, q_dim, rope_first + j, rope_first + half, rk)
-        b = _normed(H, KVW, row, q_dim, rope_first + half + j, kv_dim, rk)
+        a = _normed(H, KVW, row, q_dim, rope_first + 2 * j, kv_dim, rk)
+        b = _normed(H, KVW, row, q_dim, rope_first + 2 * j + 1, kv_dim, rk)
         a = a.to(dtype).to(tl.float32)
         b = b.to(dtype).to(tl.float32)
         pos = tl.load(POS + t).to(tl.int64)
         cos = tl.load(COS + pos * half + j, mask=jm, other=0.0)
         sin = tl.load(SIN + pos * half + j, mask=jm, other=0.0)
-        out = KV + t * stride_kv + rope_first + j
+        out = KV + t * stride_kv + rope_first + 2 * j
         tl.store(out, (a * cos - b * sin).to(dtype), mask=jm)
-        tl.store(out + half, (a * sin + b * cos).to(dtype), mask=jm)
+        tl.store(out + 1, (a * sin + b * cos).to(dtype), mask=jm)

@@ -58,6 +58,16 @@ class ModelArgs:
     # is shared, so a 40-layer, 384-expert model fits one GPU.
     expert_weight_pools: int | None = None
     rope_theta: float = 10000.0
+    # RoPE (DeepSeek-V4.1 precompute_freqs_cis): window-only layers rotate at rope_theta without
+    # YaRN; every layer with global or compressed KV (the encoder, S, the decoder) at
+    # compress_rope_theta, with YaRN while original_seq_len > 0: frequencies whose wavelength
+    # exceeds the training context divided by rope_factor, a linear ramp between the pairs that
+    # turn beta_fast and beta_slow times over it. model/rope.py `RopeSpec.for_layer`.
+    compress_rope_theta: float = 160000.0
+    original_seq_len: int = 0
+    rope_factor: float = 16.0
+    beta_fast: int = 32
+    beta_slow: int = 1
     norm_eps: float = 1e-6
     max_seq_len: int = 256
     max_requests: int = 16
@@ -99,6 +109,15 @@ class ModelArgs:
             out.append(("n_shared_experts", "must be >= 0"))
         if self.rope_dim < 0 or self.rope_dim > self.head_dim or self.rope_dim % 2:
             out.append(("rope_dim", f"must be even and in [0, head_dim={self.head_dim}]"))
+        for name in ("rope_theta", "compress_rope_theta"):
+            if not getattr(self, name) > 1:
+                out.append((name, f"must be > 1, got {getattr(self, name)}"))
+        if self.original_seq_len < 0:
+            out.append(("original_seq_len", "must be >= 0 (0: no YaRN)"))
+        if not self.rope_factor > 0:
+            out.append(("rope_factor", f"must be > 0, got {self.rope_factor}"))
+        if not 0 < self.beta_slow <= self.beta_fast:
+            out.append(("beta_slow", f"must be in (0, beta_fast={self.beta_fast}]"))
         if self.n_activated_experts > self.n_routed_experts:
             out.append(("n_activated_experts", "must not exceed n_routed_experts"))
         if self.n_heads % max(self.o_groups, 1):
@@ -227,6 +246,12 @@ PRESETS: dict[str, ModelArgs] = {
         n_shared_experts=1,
         moe_inter_dim=2304,
         hc_mult=4,
+        rope_theta=10000.0,
+        compress_rope_theta=160000.0,
+        original_seq_len=65536,
+        rope_factor=16.0,
+        beta_fast=32,
+        beta_slow=1,
         max_seq_len=65536 + 256,
         max_requests=8,
     ),
@@ -257,11 +282,18 @@ PRESETS: dict[str, ModelArgs] = {
         index_head_dim=128,
         index_sources=[2, 8, 14, 20, 24, 28, 32, 36],
         expert_weight_pools=1,
+        rope_theta=10000.0,
+        compress_rope_theta=160000.0,
+        original_seq_len=65536,
+        rope_factor=16.0,
+        beta_fast=32,
+        beta_slow=1,
         max_seq_len=65536 + 256,
         max_requests=8,
     ),
     # V4.1-Flash's structure in miniature for CPU tests: window-only, sparse encoder with compressed
-    # sources, S, a sparse decoder with index sources of its own, routed experts on shared storage.
+    # sources, S, a sparse decoder with index sources of its own, routed experts on shared storage,
+    # YaRN on the layers with global KV (a training context of 32 positions).
     "sparse-tiny": ModelArgs(
         n_layers=10,
         kv_sources=[2, 4, 5],
@@ -270,6 +302,8 @@ PRESETS: dict[str, ModelArgs] = {
         n_routed_experts=8,
         n_activated_experts=2,
         expert_weight_pools=2,
+        original_seq_len=32,
+        rope_factor=4.0,
     ),
     # The trained model shipped with the project (swa_bench/checkpoints/v41-mini.safetensors,
     # ``python -m swa_bench.train``): V4.1's structure at byte-level size, a window small enough

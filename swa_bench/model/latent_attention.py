@@ -15,7 +15,7 @@ from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.key_sources import GlobalKV
 from swa_bench.model.norm import RMSNorm
-from swa_bench.model.rope import apply_rope, rope_table
+from swa_bench.model.rope import RopeSpec, apply_rope, rope_table
 from swa_bench.model.sparse_attention import IndexQuery, select
 
 
@@ -24,6 +24,8 @@ class Attention(nn.Module):
         super().__init__()
         self.args, self.layer = args, layer
         self.n_heads, self.head_dim = args.n_heads, args.head_dim
+        # This layer's RoPE table, for everything it rotates (DeepSeek-V4.1 `Attention.__init__`).
+        self.rope_spec = RopeSpec.for_layer(args, layer)
         self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
         self.q_norm = RMSNorm(args.q_lora_rank, args.norm_eps)
         self.wq_b = nn.Linear(args.q_lora_rank, args.n_heads * args.head_dim, bias=False)
@@ -82,8 +84,7 @@ class Attention(nn.Module):
         if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
             return self.q_norm(self.wq_a(x)), self.project_kv(x)
         positions = get_forward_context().attn_metadata.positions
-        cos_table, sin_table = rope_table(x.device, args.rope_dim, args.rope_theta,
-                                          args.max_seq_len)
+        cos_table, sin_table = rope_table(x.device, self.rope_spec)
         q_latent, kv, latent = norm_latents(
             kernels, F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
@@ -103,7 +104,7 @@ class Attention(nn.Module):
         row, and the path where ``project_latents`` does not fuse), stored by ``store_kv``."""
         latent = self.kv_norm(self.wkv(x))
         positions = get_forward_context().attn_metadata.positions
-        kv = self.rope(latent, positions, self.args.rope_dim)
+        kv = self.rope(latent, positions)
         self.store_kv(kv, latent)
         return kv
 
@@ -121,15 +122,21 @@ class Attention(nn.Module):
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
-        return self.rope(q, positions, self.args.rope_dim, inplace=True)
+        return self.rope(q, positions, inplace=True)
 
     def rope(
-        self, x: torch.Tensor, positions: torch.Tensor, rope_dim: int, *, inplace: bool = False
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope_dim: int | None = None,
+        *,
+        inverse: bool = False,
+        inplace: bool = False,
     ) -> torch.Tensor:
-        args = self.args
-        return apply_rope(
-            x, positions, rope_dim, args.rope_theta, args.max_seq_len, inplace=inplace
-        )
+        """``x``'s last ``rope_dim`` (default ``args.rope_dim``; the indexer's may be narrower)
+        features turned by this layer's table at ``positions``; ``inverse`` turns them back."""
+        spec = self.rope_spec if rope_dim is None else self.rope_spec.with_dim(rope_dim)
+        return apply_rope(x, positions, spec, inverse=inverse, inplace=inplace)
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None) -> torch.Tensor:
         """``kv`` is given for the first replay layer: the batch KV it wrote for every row."""
@@ -180,5 +187,9 @@ def attention_op(
             given = select(meta, ctx.cache, index, attn.global_kv.ratio, ctx.shape_mode)
         ctx.index_selection[layer] = given
     selection = None if attn.index_source is None else ctx.index_selection[attn.index_source]
-    return attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
-                  ctx.shape_mode)
+    o = attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
+               ctx.shape_mode)
+    # V is the rotated K=V latent, so the output's last rope_dim features carry the keys'
+    # rotations; turned back at the query's position they are relative to it (DeepSeek-V4.1
+    # `Attention.forward`, before wo_a). ``o`` is attend's own fresh tensor: rotated in place.
+    return attn.rope(o, meta.positions, inverse=True, inplace=True)

@@ -11,6 +11,8 @@ full prefill computes (a test holds it to the engine's reference step):
   (pooled position ``j`` visible while ``j < (t + 1) // r``);
 * sparse layers read only the positions their index source selects (``select_top_k``, the
   inference path's own selection), plus the window; one softmax with the per-head sink.
+* RoPE by each layer's own table (``Attention.rope``), the output heads turned back at the
+  query's position before the output projection, as the inference step does.
 
 The indexer's top-k is not differentiable, so its weights get their own signal, as DeepSeek
 trains it: at every index source, the KL from the layer's dense attention over the visible
@@ -30,7 +32,6 @@ import torch.nn.functional as F
 from swa_bench.model.key_sources import pool, visible_counts, visible_mask
 from swa_bench.model.model import Transformer
 from swa_bench.model.moe import MoE
-from swa_bench.model.rope import apply_rope
 from swa_bench.model.sparse_attention import select_top_k
 
 
@@ -89,13 +90,12 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         q_latent = attn.q_norm(attn.wq_a(h))
         q = attn.project_q(q_latent, positions).view(b, t, attn.n_heads, attn.head_dim)
         latent = attn.kv_norm(attn.wkv(h))
-        kv = apply_rope(latent, positions, args.rope_dim, args.rope_theta,
-                        args.max_seq_len).view(b, t, -1)
+        kv = attn.rope(latent, positions).view(b, t, -1)
         if attn.writes_latent:
             latents[attn.layer] = kv
         if attn.writes_index_keys:
-            keys = apply_rope(attn.index_norm(attn.wk_index(latent.detach())), positions,
-                              attn.index_rope_dim, args.rope_theta, args.max_seq_len)
+            keys = attn.rope(attn.index_norm(attn.wk_index(latent.detach())), positions,
+                             attn.index_rope_dim)
             index_keys[attn.layer] = keys.view(b, t, -1)
         scale = attn.head_dim ** -0.5
         scores = [torch.einsum("bthd,bsd->bhts", q, kv).float() * scale]
@@ -129,7 +129,8 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         o = torch.einsum("bhts,bsd->bthd", probs[..., :t].to(kv.dtype), kv)
         if len(values) > 1:
             o = o + torch.einsum("bhtn,bnd->bthd", probs[..., t:-1].to(kv.dtype), values[1])
-        o = attn.project_out(o.reshape(b * t, attn.n_heads, attn.head_dim))
+        o = attn.rope(o.reshape(b * t, attn.n_heads, attn.head_dim), positions, inverse=True)
+        o = attn.project_out(o)
         streams = block.attn_hc.post(streams, o, post)
         f, post = block.ffn_hc.pre(streams, block.ffn_norm)
         streams = block.ffn_hc.post(streams, dense_moe(block.moe, f), post)

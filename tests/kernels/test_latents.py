@@ -1,8 +1,8 @@
 """The latents kernel (two RMS norms and the K=V latent's RoPE in one launch) against an
 independent oracle: each row normed in float64 and rounded to the dtype, the rotation written out
-pair by pair from the rounded latent, on CPU through Triton's interpreter and on CUDA compiled;
-and the model's attention through it for inference only, equal to its PyTorch steps up to
-rounding."""
+adjacent pair by adjacent pair from the rounded latent (a compressed layer's table, YaRN on), on
+CPU through Triton's interpreter and on CUDA compiled; and the model's attention through it for
+inference only (each layer's own table), equal to its PyTorch steps up to rounding."""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ from swa_bench.model import latent_attention as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
-from swa_bench.model.rope import rope_table
+from swa_bench.model.rope import RopeSpec, rope_table
 from tests.kernels.conftest import TRITON
 
-THETA = 10000.0
 # Two roundings to the dtype (the norm's, then the rotation's) and fp32's last bits of the
 # statistics: the interpreter rounds to bf16 by truncation, the GPU to nearest.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-6}
+
+
+def spec(rope_dim: int, max_len: int) -> RopeSpec:
+    return RopeSpec(rope_dim, 160000.0, max_len, original_seq_len=16, factor=4.0)
 
 
 def oracle(h, q_dim, q_w, kv_w, eps, positions, rope_dim, max_len):
@@ -35,18 +38,19 @@ def oracle(h, q_dim, q_w, kv_w, eps, positions, rope_dim, max_len):
         return (x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w.double()).to(dtype)
 
     q, latent = norm(h64[:, :q_dim], q_w), norm(h64[:, q_dim:], kv_w)
-    cos, sin = (t.double() for t in rope_table(torch.device("cpu"), rope_dim, THETA, max_len))
-    kv, half, d = latent.double().clone(), rope_dim // 2, latent.shape[1]
+    cos, sin = (t.double() for t in rope_table(torch.device("cpu"), spec(rope_dim, max_len)))
+    kv, d = latent.double().clone(), latent.shape[1]
     for t, p in enumerate(positions.tolist()):
-        for i in range(half):
-            a, b = latent[t, d - rope_dim + i].double(), latent[t, d - half + i].double()
-            kv[t, d - rope_dim + i] = a * cos[p, i] - b * sin[p, i]
-            kv[t, d - half + i] = a * sin[p, i] + b * cos[p, i]
+        for i in range(rope_dim // 2):
+            e, o = d - rope_dim + 2 * i, d - rope_dim + 2 * i + 1
+            a, b = latent[t, e].double(), latent[t, o].double()
+            kv[t, e] = a * cos[p, i] - b * sin[p, i]
+            kv[t, o] = a * sin[p, i] + b * cos[p, i]
     return q, kv.to(dtype), latent
 
 
 def run(h, q_dim, q_w, kv_w, eps, positions, rope_dim, max_len, keep_latent=True):
-    cos, sin = rope_table(h.device, rope_dim, THETA, max_len)
+    cos, sin = rope_table(h.device, spec(rope_dim, max_len))
     return norm_latents(TRITON, h, q_dim, (q_w, eps), (kv_w, eps), positions.to(h.device), cos, sin,
                         rope_dim, keep_latent=keep_latent)
 

@@ -1,7 +1,6 @@
-"""The hot path's rewritten pieces against direct restatements: RoPE, the mHC weighted sums, the
-cached sinkhorn mix (refreshed when the weights change), the grouped GEMM's dense fallback."""
-
-import math
+"""The hot path's rewritten pieces against direct restatements (RoPE's: tests/model/test_rope.py):
+the mHC weighted sums, the cached sinkhorn mix (refreshed when the weights change), the grouped
+GEMM's dense fallback."""
 
 import pytest
 import torch
@@ -9,27 +8,6 @@ import torch
 import swa_bench.model.moe as model_module
 from swa_bench.model.args import PRESETS
 from swa_bench.model.hyper_connection import HyperConnection, sinkhorn, weighted_sum
-from swa_bench.model.rope import apply_rope
-
-
-def test_rope_rotates_each_pair_by_position_times_frequency():
-    torch.manual_seed(0)
-    x = torch.randn(5, 3, 16, dtype=torch.float64).float()
-    positions = torch.tensor([0, 1, 7, 30, 63])
-    rope_dim, theta, half = 8, 10000.0, 4
-    out = apply_rope(x, positions, rope_dim, theta, 64)
-    expected = x.double().clone()
-    for t, p in enumerate(positions.tolist()):
-        for i in range(half):
-            angle = p * theta ** (-i / half)
-            a, b = x[t, :, 8 + i].double(), x[t, :, 12 + i].double()
-            expected[t, :, 8 + i] = a * math.cos(angle) - b * math.sin(angle)
-            expected[t, :, 12 + i] = a * math.sin(angle) + b * math.cos(angle)
-    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
-    assert torch.equal(out[..., :8], x[..., :8])
-    fresh = x.clone()
-    assert apply_rope(fresh, positions, rope_dim, theta, 64, inplace=True) is fresh
-    assert torch.equal(fresh, out)
 
 
 def _once_rounded_error(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor):
