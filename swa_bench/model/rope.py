@@ -52,12 +52,13 @@ class RopeSpec:
         """The same table's settings over ``dim`` features (an indexer narrower than RoPE)."""
         return self if dim == self.dim else dataclasses.replace(self, dim=dim)
 
-    def frequencies(self) -> torch.Tensor:
+    def frequencies(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """fp32 ``[dim // 2]`` angle per position of each pair: ``theta ** (-2i / dim)``, YaRN's
         blend with ``freq / factor`` where a wavelength exceeds the training context (pair
         ``i >= high`` divided, ``i <= low`` kept, a linear ramp in between)."""
         dim, base = self.dim, self.theta
-        freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        pairs = torch.arange(0, dim, 2, device=device, dtype=torch.float32)
+        freqs = 1.0 / (base ** (pairs / dim))
         if self.original_seq_len > 0:
             def pair_turning(rotations: float) -> float:
                 # the pair whose wavelength turns `rotations` times over the training context
@@ -66,7 +67,7 @@ class RopeSpec:
 
             low = max(math.floor(pair_turning(self.beta_fast)), 0)
             high = min(math.ceil(pair_turning(self.beta_slow)), dim - 1)
-            ramp = (torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)
+            ramp = (pairs / 2 - low) / max(high - low, 1e-3)
             smooth = 1 - ramp.clamp(0, 1)  # 1 keeps a pair's frequency, 0 divides it
             freqs = freqs / self.factor * (1 - smooth) + freqs * smooth
         return freqs
@@ -77,12 +78,14 @@ _ROPE_TABLES: dict[tuple[torch.device, RopeSpec], tuple[torch.Tensor, torch.Tens
 
 def rope_table(device: torch.device, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``cos, sin [length, dim // 2]`` of every position, computed once per layer setting
-    and device: a row's angles are one gather, not recomputed by every layer."""
+    and device (on the device: no host copy, so also while a CUDA stream captures): a row's
+    angles are one gather, not recomputed by every layer."""
     key = (torch.device(device), spec)
     table = _ROPE_TABLES.get(key)
     if table is None:
-        angles = torch.outer(torch.arange(spec.length, dtype=torch.float32), spec.frequencies())
-        table = angles.cos().to(device), angles.sin().to(device)
+        positions = torch.arange(spec.length, device=device, dtype=torch.float32)
+        angles = torch.outer(positions, spec.frequencies(device))
+        table = angles.cos(), angles.sin()
         if not capturing(key[0]):
             _ROPE_TABLES[key] = table
     return table
