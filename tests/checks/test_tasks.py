@@ -75,7 +75,9 @@ def test_e1_to_e5_pass_on_the_trained_weights(trained):
 
 def test_e4_on_the_trained_weights_still_fails_a_reference_position_bug(trained, monkeypatch):
     """E4's envelope (256 epsilons of each tensor's RMS) passes rounding between a prefill and
-    a decode, not a bug: RoPE one position ahead in steps of several rows fails it."""
+    a decode, not a bug: RoPE one position ahead in steps of several rows fails it. The logits
+    cannot show a uniform shift (with the output turned back, DeepSeek-V4.1's inverse RoPE, every
+    rotation a prefill sees is relative); the caches it rotated do."""
     from swa_bench.model import latent_attention as model_module
 
     real = model_module.apply_rope
@@ -86,4 +88,4 @@ def test_e4_on_the_trained_weights_still_fails_a_reference_position_bug(trained,
     monkeypatch.setattr(model_module, "apply_rope", ahead)
     inputs = StepInputs.held_out_text([R(40)], seed=1)
     result = check_e4(trained, inputs, tol=Tolerance.for_dtype(torch.float32), kernels=AUTO)
-    assert not result.passed and "prefill_vs_decode.logits" in result.message
+    assert not result.passed and "prefill_vs_decode.cache.ring" in result.message
