@@ -1,6 +1,7 @@
 """``moe_route``, ``moe_sort``, ``silu_mul`` and ``moe_combine``: the routing, the sort of the
 (token, expert) pairs by expert and the routed experts' elementwise steps in one pass each
-(Triton), for inference on the Triton backend; and
+(Triton), for inference on the Triton backend (the semantics are DeepSeek-V4.1 inference/
+model.py `Gate` / `Expert` / `MoE`, as ``model.moe`` states them); and
 ``expert_gemm``, the grouped GEMM where ``torch._grouped_mm`` does not run (fp32 on CUDA: the
 check models), with the gather into expert order, the SwiGLU and the scatter back to pair order
 in the same launch.
@@ -30,57 +31,76 @@ def fused_moe(kernels: Kernels, x: torch.Tensor) -> bool:
     return kernels.inference(x)
 
 
-def silu_mul(kernels: Kernels, h: torch.Tensor) -> torch.Tensor:
-    """``silu(g) * u`` of ``h = [g | u]`` ``[M, 2 I]`` as ``[M, I]``."""
+def silu_mul(kernels: Kernels, h: torch.Tensor, limit: float = 0.0,
+             weights: torch.Tensor | None = None, order: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """``model.moe.swiglu``: ``silu(g) * u`` of ``h = [g | u]`` ``[M, 2 I]`` as ``[M, I]``, in
+    fp32 with the clamps at ``limit`` (0: none), rounded once. ``weights [T, k]`` (fp32, pair
+    order) with ``order``: row ``r`` is pair ``order[r]`` and is multiplied by its weight."""
     from swa_bench.kernels import triton_moe
 
     rows, inter = h.shape[0], h.shape[1] // 2
     h = h if h.stride(-1) == 1 else h.contiguous()
     a = h.new_empty(rows, inter)
+    weighted = weights is not None
+    if weighted and order is None:
+        raise ValueError("silu_mul's routing weights need the order of the rows")
     if rows:
         launch(triton_moe.silu_mul_kernel, (rows, -(-inter // BLOCK)),
-            h, a, inter, h.stride(0), a.stride(0), BLOCK=BLOCK,
-            direct=kernels.direct_launch, num_warps=4)
+            h, a, weights.contiguous() if weighted else h, order if weighted else h, inter,
+            h.stride(0), a.stride(0), float(limit), CLAMP=limit > 0, WEIGHTED=weighted,
+            BLOCK=BLOCK, direct=kernels.direct_launch, num_warps=4)
     return a
 
 
 def expert_gemm(kernels: Kernels, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
                 order: torch.Tensor | None, *, top_k: int = 0, swiglu: bool = False,
+                limit: float = 0.0, weights: torch.Tensor | None = None,
                 scatter: bool = False) -> torch.Tensor:
     """Each (token, expert) pair's row times its expert's ``w [G, N, K]`` (transposed), the
     pairs sorted by expert (``order[r]``: the pair at sorted row ``r``; ``ends [G]``: int32
     cumulative row ends). ``top_k``: row ``r``'s input is ``x[order[r] // top_k]``, else
-    ``x[r]``. ``swiglu``: ``w`` is ``[gate; up]`` and the output ``silu(gate) * up`` (``[M, N /
-    2]``). ``scatter``: row ``r`` lands at ``order[r]`` (pair order). One launch; no host read
-    of ``ends``, so a captured graph replays each step's routing. ``ends`` and ``order`` None:
-    ``w [1, N, K]`` for every row of ``x`` (the shared experts' SwiGLU in one launch)."""
+    ``x[r]``. ``swiglu``: ``w`` is ``[gate; up]`` and the output ``model.moe.swiglu`` (``[M, N /
+    2]``: the clamps at ``limit``, and with ``weights [T, k]`` (fp32, pair order) each row times
+    its pair's routing weight). ``scatter``: row ``r`` lands at ``order[r]`` (pair order). One
+    launch; no host read of ``ends``, so a captured graph replays each step's routing. ``ends``
+    and ``order`` None: ``w [1, N, K]`` for every row of ``x`` (the shared expert's SwiGLU in
+    one launch)."""
     from swa_bench.kernels import triton_moe
 
     dense = order is None
     rows, (groups, n, k) = x.shape[0] if dense else order.numel(), w.shape
-    if dense and (groups != 1 or top_k or scatter):
-        raise ValueError("expert_gemm without order takes one weight, no gather or scatter")
+    if dense and (groups != 1 or top_k or scatter or weights is not None):
+        raise ValueError("expert_gemm without order takes one weight, no gather, scatter or "
+                         "routing weights")
+    if weights is not None and not swiglu:
+        raise ValueError("expert_gemm applies routing weights in the SwiGLU epilogue only")
     n = n // 2 if swiglu else n
     x = x if x.stride(-1) == 1 else x.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
     y = x.new_empty(rows, n)
+    weighted = weights is not None
     if rows:
         grid = (-(-rows // GEMM_BLOCK_M), -(-n // GEMM_BLOCK_N))
         launch(triton_moe.grouped_mm_kernel, grid,
-            x, x if dense else order, w, x if dense else ends, y, rows, x.stride(0),
-            w.stride(0), w.stride(1), y.stride(0), N=n, K=k, G=groups,
-            G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu, SCATTER=scatter,
-            DENSE=dense, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
+            x, x if dense else order, w, x if dense else ends,
+            weights.contiguous() if weighted else x, y, rows, x.stride(0), w.stride(0),
+            w.stride(1), y.stride(0), float(limit), N=n, K=k, G=groups,
+            G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu,
+            CLAMP=swiglu and limit > 0, WEIGHTED=weighted, SCATTER=scatter, DENSE=dense,
+            BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
             PRECISION=kernels.precision(x.dtype), direct=kernels.direct_launch, num_warps=4)
     return y
 
 
-def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int,
-              gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``MoE.route`` from the gate's ``logits [T, E]``: each row's ``top_k`` experts (int64,
-    highest sigmoid first) and their sigmoid scores normalised to sum to one (fp32), in one
-    launch instead of four. With the gate's weight ``gate [E, dim]`` (where ``gate_in_route``),
-    ``logits`` are the token rows ``[T, dim]`` and the gate's product runs in the same launch."""
+def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int, bias: torch.Tensor,
+              route_scale: float, gate: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.moe.route`` from the gate's fp32 ``logits [T, E]``: each row's ``top_k`` experts
+    (int64, highest ``sqrt(softplus(logit)) + bias`` first) and their unbiased scores over the
+    scores' sum (+1e-20 for ``top_k > 1``) times ``route_scale`` (fp32), in one launch instead of
+    seven. With the gate's weight ``gate [E, dim]`` (where ``gate_in_route``), ``logits`` are the
+    token rows ``[T, dim]`` and the gate's product (fp32 sums) runs in the same launch."""
     from swa_bench.kernels import triton_moe
 
     rows = logits.shape[0]
@@ -92,11 +112,11 @@ def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int,
         if gate is not None:
             gate = gate if gate.stride(-1) == 1 else gate.contiguous()
         launch(triton_moe.route_kernel, (-(-rows // ROUTE_BLOCK_R),),
-            logits, logits if gate is None else gate, experts, weights, rows, logits.stride(0),
-            0 if gate is None else gate.stride(0), E=n_experts,
-            E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k, K_PAD=max(2, next_pow2(top_k)),
-            BLOCK_R=ROUTE_BLOCK_R, GATED=gate is not None, DIM=logits.shape[1],
-            BLOCK_K=ROUTE_BLOCK_K, PRECISION=kernels.precision(logits.dtype),
+            logits, logits if gate is None else gate, bias.contiguous(), experts, weights, rows,
+            logits.stride(0), 0 if gate is None else gate.stride(0), float(route_scale),
+            E=n_experts, E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k,
+            K_PAD=max(2, next_pow2(top_k)), BLOCK_R=ROUTE_BLOCK_R, GATED=gate is not None,
+            DIM=logits.shape[1], BLOCK_K=ROUTE_BLOCK_K, PRECISION=kernels.precision(logits.dtype),
             direct=kernels.direct_launch, num_warps=4)
     return experts, weights
 
@@ -132,18 +152,17 @@ def moe_sort(kernels: Kernels, experts: torch.Tensor, n_experts: int
     return order, ends
 
 
-def moe_combine(kernels: Kernels, y: torch.Tensor, order: torch.Tensor | None,
-                weights: torch.Tensor,
+def moe_combine(kernels: Kernels, y: torch.Tensor, order: torch.Tensor | None, top_k: int,
                 out: torch.Tensor | None = None, shared: torch.Tensor | None = None
                 ) -> torch.Tensor:
-    """Token ``t``'s row: ``sum_j weights[t, j] * y[pos of (t, j)]`` where ``y`` holds the
-    (token, expert) pairs in ``order`` (``y[i]`` is pair ``order[i]``, pair ``t k + j``; None:
-    ``y`` is in pair order already), with the PyTorch path's roundings; plus ``shared[t]`` (the
-    shared experts' output) when given, rounded as the PyTorch path's sum of the two. Writes
-    into ``out`` ``[T, dim]`` when given."""
+    """Token ``t``'s row: ``sum_j y[pos of (t, j)]`` in fp32 where ``y`` holds the (token,
+    expert) pairs' outputs, already weighted, in ``order`` (``y[i]`` is pair ``order[i]``, pair
+    ``t k + j``; None: ``y`` is in pair order already), plus ``shared[t]`` (the shared expert's
+    output) in fp32 when given, rounded once: the reference's fp32 accumulator. Writes into
+    ``out`` ``[T, dim]`` when given."""
     from swa_bench.kernels import triton_moe
 
-    t, k = weights.shape
+    t = y.shape[0] // top_k
     slot = None
     if order is not None:
         slot = torch.empty_like(order)
@@ -154,7 +173,7 @@ def moe_combine(kernels: Kernels, y: torch.Tensor, order: torch.Tensor | None,
         y = y if y.stride(-1) == 1 else y.contiguous()
         add = shared if shared is not None else y
         launch(triton_moe.combine_kernel, (t, -(-y.shape[1] // BLOCK)),
-            y, y if slot is None else slot, weights, add, out, y.shape[1], y.stride(0),
-            weights.stride(0), add.stride(0), out.stride(0), K=k, SLOTTED=slot is not None,
-            ADD=shared is not None, BLOCK=BLOCK, direct=kernels.direct_launch, num_warps=4)
+            y, y if slot is None else slot, add, out, y.shape[1], y.stride(0), add.stride(0),
+            out.stride(0), K=top_k, SLOTTED=slot is not None, ADD=shared is not None,
+            BLOCK=BLOCK, direct=kernels.direct_launch, num_warps=4)
     return out

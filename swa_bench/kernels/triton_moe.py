@@ -2,11 +2,12 @@
 grouped GEMMs, and the combine that returns each (token, expert) output to its token.
 
 The PyTorch path makes a pass per operation over ``[tokens x k, dim]`` tensors (at V4.1-Flash's
-64K tokens, 4 GB each): ``silu``, the product, the routing-weight product, a zero fill, the
-``index_copy`` back to token order, the fp32 sum over the k experts and the cast. Here the SwiGLU
-reads ``h`` once and writes once; the combine reads each of a token's k rows once (through the
-inverse of the sort) and writes the token's row once. Both round where the PyTorch path rounds
-(to the model dtype after ``silu``, after each product) and sum in fp32 in expert-slot order.
+64K tokens, 4 GB each): the casts, the clamps, ``silu``, the products, the routing-weight product,
+a zero fill, the ``index_copy`` back to token order, the fp32 sum over the k experts and the cast.
+Here the SwiGLU reads ``h`` once and writes once; the combine reads each of a token's k rows once
+(through the inverse of the sort) and writes the token's row once. Both compute what the PyTorch
+path computes (``model.moe.swiglu``: the clamped SwiGLU times the routing weight in fp32, rounded
+once; the k rows and the shared expert summed in fp32, in expert-slot order, rounded once).
 
 Imported lazily (``swa_bench.kernels.moe``), as ``triton_mqa`` is.
 """
@@ -18,26 +19,38 @@ import triton.language as tl
 
 
 @triton.jit
-def silu_mul_kernel(H, A, inter, stride_h, stride_a, BLOCK: tl.constexpr):
-    """``a[r] = silu(h[r, :inter]) * h[r, inter:]`` (``silu`` rounded to the dtype first)."""
+def _swiglu(gate, up, limit, CLAMP: tl.constexpr):
+    """``model.moe.swiglu`` on fp32 ``gate`` and ``up``: the clamps (``up`` to ``[-limit,
+    limit]``, ``gate`` from above), then ``silu(gate) * up``, all in fp32."""
+    if CLAMP:
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        gate = tl.minimum(gate, limit)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def silu_mul_kernel(H, A, W, ORDER, inter, stride_h, stride_a, limit, CLAMP: tl.constexpr,
+                    WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
+    """``a[r] = swiglu(h[r, :inter], h[r, inter:])`` in fp32, times ``W[ORDER[r]]`` (the row's
+    pair's routing weight, ``WEIGHTED``), rounded once to the dtype."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
     g = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(H + row * stride_h + inter + cols, mask=mask, other=0.0)
-    s = (g / (1.0 + tl.exp(-g))).to(u.dtype)
-    tl.store(A + row * stride_a + cols, (s.to(tl.float32) * u.to(tl.float32)).to(u.dtype),
-             mask=mask)
+    u = tl.load(H + row * stride_h + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    a = _swiglu(g, u, limit, CLAMP)
+    if WEIGHTED:
+        a = tl.load(W + tl.load(ORDER + row)) * a
+    tl.store(A + row * stride_a + cols, a.to(A.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def combine_kernel(Y, SLOT, W, SHARED, Out, dim, stride_y, stride_w, stride_s, stride_o,
-                   K: tl.constexpr, SLOTTED: tl.constexpr, ADD: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """``out[t] = sum_j round(y[slot[t, j]] * round(w[t, j]))`` in fp32, rounded once: ``slot``
-    maps a token's j-th expert to its row of the expert-sorted ``y`` (``SLOTTED``; else ``y`` is
-    in pair order, row ``t K + j``). ``ADD``: then plus ``shared[t]`` (the shared experts), in
-    fp32 and rounded again, as the PyTorch path adds the two outputs."""
+def combine_kernel(Y, SLOT, SHARED, Out, dim, stride_y, stride_s, stride_o, K: tl.constexpr,
+                   SLOTTED: tl.constexpr, ADD: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j y[slot[t, j]]`` in fp32 (the rows carry their routing weight already),
+    in slot order: ``slot`` maps a token's j-th expert to its row of the expert-sorted ``y``
+    (``SLOTTED``; else ``y`` is in pair order, row ``t K + j``). ``ADD``: plus ``shared[t]``
+    (the shared expert) in the same fp32 sum; rounded once."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < dim
@@ -47,25 +60,23 @@ def combine_kernel(Y, SLOT, W, SHARED, Out, dim, stride_y, stride_w, stride_s, s
             row = tl.load(SLOT + t * K + j).to(tl.int64)
         else:
             row = t * K + j
-        y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0)
-        w = tl.load(W + t * stride_w + j).to(y.dtype).to(tl.float32)
-        acc += (y.to(tl.float32) * w).to(y.dtype).to(tl.float32)
+        acc += tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
     if ADD:
-        shared = tl.load(SHARED + t * stride_s + cols, mask=mask, other=0.0).to(tl.float32)
-        acc = acc.to(Out.dtype.element_ty).to(tl.float32) + shared
+        acc += tl.load(SHARED + t * stride_s + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + t * stride_o + cols, acc.to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def route_kernel(Logits, Gate, Experts, Weights, rows, stride_l, stride_g, E: tl.constexpr,
-                 E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                 BLOCK_R: tl.constexpr, GATED: tl.constexpr, DIM: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """Each row's ``TOP_K`` experts by ``sigmoid(logit)`` in fp32, highest first (the lowest
-    index among equal scores), and their scores over the scores' sum: ``MoE.route``'s sigmoid,
-    ``topk`` and normalisation in one pass over the logits. ``GATED``: ``Logits`` holds the
-    token rows ``[T, DIM]`` and the logits are their product with ``Gate [E, DIM]`` (fp32 sums,
-    rounded to the rows' dtype as the gate's linear rounds), the router in one launch."""
+def route_kernel(Logits, Gate, Bias, Experts, Weights, rows, stride_l, stride_g, route_scale,
+                 E: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+                 K_PAD: tl.constexpr, BLOCK_R: tl.constexpr, GATED: tl.constexpr,
+                 DIM: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """``model.moe.route`` in one pass over the logits: ``scores = sqrt(softplus(logit))`` in
+    fp32, each row's ``TOP_K`` experts by ``scores + bias``, highest first (the lowest index
+    among equal ones), and the chosen unbiased scores over their sum (+1e-20 when ``TOP_K > 1``)
+    times ``route_scale``. ``GATED``: ``Logits`` holds the token rows ``[T, DIM]`` and the
+    logits are their product with ``Gate [E, DIM]`` in fp32 sums (not rounded: the reference's
+    fp32 gate), the router in one launch."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     e = tl.arange(0, E_PAD)
@@ -79,11 +90,18 @@ def route_kernel(Logits, Gate, Experts, Weights, rows, stride_l, stride_g, E: tl
             w = tl.load(Gate + e[:, None] * stride_g + (k0 + k)[None, :],
                         mask=(e < E)[:, None] & k_ok[None, :], other=0.0)
             acc = _dot(a, w, acc, PRECISION)
-        x = acc.to(Logits.dtype.element_ty).to(tl.float32)
+        x = acc
     else:
         x = tl.load(Logits + r.to(tl.int64)[:, None] * stride_l + e[None, :],
                     mask=r_ok[:, None] & (e < E)[None, :], other=0.0).to(tl.float32)
-    scores = tl.where((e < E)[None, :], 1.0 / (1.0 + tl.exp(-x)), -1.0)
+    # softplus(x) = max(x, 0) + log1p(exp(-|x|)), log1p by the exact-where-u-rounds-to-1 form
+    small = tl.exp(-tl.abs(x))
+    u = 1.0 + small
+    exact = u == 1.0
+    log1p = tl.where(exact, small, tl.log(u) * (small / tl.where(exact, 1.0, u - 1.0)))
+    raw = tl.sqrt(tl.maximum(x, 0.0) + log1p)
+    bias = tl.load(Bias + e, mask=e < E, other=0.0).to(tl.float32)
+    scores = tl.where((e < E)[None, :], raw + bias[None, :], float("-inf"))
     slot = tl.arange(0, K_PAD)
     chosen = tl.zeros([BLOCK_R, K_PAD], tl.int32)
     values = tl.zeros([BLOCK_R, K_PAD], tl.float32)
@@ -91,14 +109,17 @@ def route_kernel(Logits, Gate, Experts, Weights, rows, stride_l, stride_g, E: tl
     for j in tl.static_range(TOP_K):
         best = tl.max(scores, 1)
         pick = tl.min(tl.where(scores == best[:, None], e[None, :], E_PAD), 1)
+        value = tl.sum(tl.where(e[None, :] == pick[:, None], raw, 0.0), 1)
         chosen = tl.where(slot[None, :] == j, pick[:, None], chosen)
-        values = tl.where(slot[None, :] == j, best[:, None], values)
-        total += best
-        scores = tl.where(e[None, :] == pick[:, None], -2.0, scores)
+        values = tl.where(slot[None, :] == j, value[:, None], values)
+        total += value
+        scores = tl.where(e[None, :] == pick[:, None], float("-inf"), scores)
+    if TOP_K > 1:
+        values = values / (total + 1e-20)[:, None]
     at = r.to(tl.int64)[:, None] * TOP_K + slot[None, :]
     mask = r_ok[:, None] & (slot < TOP_K)[None, :]
     tl.store(Experts + at, chosen.to(tl.int64), mask=mask)
-    tl.store(Weights + at, values / total[:, None], mask=mask)
+    tl.store(Weights + at, values * route_scale, mask=mask)
 
 
 @triton.jit
@@ -119,9 +140,10 @@ def sort_pairs_kernel(Pairs, Order, Ends, n, E: tl.constexpr, N_PAD: tl.constexp
 
 
 @triton.jit
-def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, stride_y,
-                      N: tl.constexpr, K: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                      TOP_K: tl.constexpr, SWIGLU: tl.constexpr, SCATTER: tl.constexpr,
+def grouped_mm_kernel(X, ORDER, W, ENDS, RW, Y, M, stride_x, stride_wg, stride_wn, stride_y,
+                      limit, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+                      G_PAD: tl.constexpr, TOP_K: tl.constexpr, SWIGLU: tl.constexpr,
+                      CLAMP: tl.constexpr, WEIGHTED: tl.constexpr, SCATTER: tl.constexpr,
                       DENSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """Row ``r`` of the expert-sorted (token, expert) pairs times its expert's ``W[g].T``.
@@ -129,10 +151,12 @@ def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, s
     The group of a row is the number of ``ENDS`` at or below it: a tile visits each group its
     rows span and keeps each row's own. Rows past ``ENDS[G - 1]`` come out zero. ``TOP_K > 0``
     reads row ``r``'s input at ``X[ORDER[r] // TOP_K]`` (the gather into expert order);
-    ``SWIGLU``: ``W[g]`` holds gate then up (``2 N`` rows) and the output is ``silu(gate) * up``
-    with ``silu_mul``'s roundings; ``SCATTER`` writes row ``r`` at ``ORDER[r]``. ``DENSE``: one
-    weight (``G`` 1) for every row in order, a plain GEMM (the shared experts). A row's sum runs
-    over ``K`` in ``BLOCK_K`` steps whichever rows share its tile: batch-invariant."""
+    ``SWIGLU``: ``W[g]`` holds gate then up (``2 N`` rows) and the output is ``silu_mul``'s (the
+    GEMM outputs rounded to the dtype, the clamps at ``limit`` where ``CLAMP``, fp32 after),
+    times ``RW[ORDER[r]]``, the pair's routing weight, where ``WEIGHTED``; ``SCATTER`` writes
+    row ``r`` at ``ORDER[r]``. ``DENSE``: one weight (``G`` 1) for every row in order, a plain
+    GEMM (the shared expert). A row's sum runs over ``K`` in ``BLOCK_K`` steps whichever rows
+    share its tile: batch-invariant."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -171,11 +195,12 @@ def grouped_mm_kernel(X, ORDER, W, ENDS, Y, M, stride_x, stride_wg, stride_wn, s
                 acc_up = _dot(a, b, acc_up, PRECISION)
         if SWIGLU:
             dtype = Y.dtype.element_ty
-            gate = acc.to(dtype).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            acc = silu * acc_up.to(dtype).to(tl.float32)
+            acc = _swiglu(acc.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32), limit,
+                          CLAMP)
         out = tl.where(mine[:, None], acc, out)
         g += 1
+    if WEIGHTED:
+        out = tl.load(RW + pair, mask=m_ok, other=0.0)[:, None] * out
     dst = pair if SCATTER else offs_m.to(tl.int64)
     tl.store(Y + dst[:, None] * stride_y + offs_n[None, :], out.to(Y.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])

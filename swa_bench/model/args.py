@@ -44,6 +44,11 @@ class ModelArgs:
     n_activated_experts: int = 2
     n_shared_experts: int = 1
     moe_inter_dim: int = 32
+    # MoE (DeepSeek-V4.1 Gate/Expert): sqrt-softplus scores, an aux-free bias (gate.bias) that
+    # picks the experts, the chosen unbiased scores normalised and times route_scale; SwiGLU with
+    # up clamped to [-swiglu_limit, swiglu_limit] and gate from above (0: no clamp).
+    route_scale: float = 1.0
+    swiglu_limit: float = 0.0
     hc_mult: int = 4
     # The real model's sparse attention: S and the decoder read only the index_topk global positions
     # an indexer scores highest. None is dense causal attention over S's global KV.
@@ -107,6 +112,10 @@ class ModelArgs:
                 out.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.n_shared_experts < 0:
             out.append(("n_shared_experts", "must be >= 0"))
+        if self.route_scale <= 0:
+            out.append(("route_scale", f"must be > 0, got {self.route_scale}"))
+        if self.swiglu_limit < 0:
+            out.append(("swiglu_limit", "must be >= 0 (0: no clamp)"))
         if self.rope_dim < 0 or self.rope_dim > self.head_dim or self.rope_dim % 2:
             out.append(("rope_dim", f"must be even and in [0, head_dim={self.head_dim}]"))
         for name in ("rope_theta", "compress_rope_theta"):
@@ -245,6 +254,8 @@ PRESETS: dict[str, ModelArgs] = {
         n_activated_experts=6,
         n_shared_experts=1,
         moe_inter_dim=2304,
+        route_scale=1.5,
+        swiglu_limit=10.0,
         hc_mult=4,
         rope_theta=10000.0,
         compress_rope_theta=160000.0,
@@ -276,6 +287,8 @@ PRESETS: dict[str, ModelArgs] = {
         n_activated_experts=6,
         n_shared_experts=1,
         moe_inter_dim=2304,
+        route_scale=1.5,
+        swiglu_limit=10.0,
         hc_mult=4,
         index_topk=512,
         index_n_heads=32,
@@ -301,6 +314,10 @@ PRESETS: dict[str, ModelArgs] = {
         index_sources=[2, 4, 5, 7],
         n_routed_experts=8,
         n_activated_experts=2,
+        # V4.1-Flash's route scale; a limit the seeded SwiGLU inputs (about unit size) cross on
+        # both sides, so the CPU tests exercise the clamp (V4.1-Flash's 10 would never bind).
+        route_scale=1.5,
+        swiglu_limit=1.0,
         expert_weight_pools=2,
         original_seq_len=32,
         rope_factor=4.0,
@@ -326,6 +343,8 @@ PRESETS: dict[str, ModelArgs] = {
         n_activated_experts=2,
         n_shared_experts=1,
         moe_inter_dim=128,
+        route_scale=1.5,
+        swiglu_limit=1.0,  # binds on the seeded weights as on sparse-tiny
         hc_mult=4,
         index_topk=32,
         index_n_heads=4,

@@ -142,6 +142,11 @@ class Transformer(nn.Module):
         return self.head(self.norm(h)).float()
 
 
+# The aux-free routing bias: a few times smaller than the spread of the seeded scores (about 0.3),
+# so it changes some choices, not most.
+GATE_BIAS_STD = 0.1
+
+
 def init_weights(model: Transformer, seed: int) -> None:
     """Dummy weights from a seed, drawn where the model lives (a V4.1-shape model has billions),
     scaled so activations stay near unit size at any depth."""
@@ -155,6 +160,8 @@ def init_weights(model: Transformer, seed: int) -> None:
             p.normal_(generator=gen)
             if name.endswith(("sink", "res_logits", "static_pre", "static_post", "head_hc")):
                 p.mul_(0.5)
+            elif name.endswith("moe.gate.bias"):
+                p.mul_(GATE_BIAS_STD)
             elif name != "embed.weight":
                 fan_in = p.shape[-2] if name.endswith("wo_a") else p.shape[-1]
                 p.mul_(1 / math.sqrt(fan_in))

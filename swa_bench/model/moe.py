@@ -1,4 +1,11 @@
-"""Routed experts plus shared experts, dispatched as serving engines do."""
+"""Routed experts plus the shared expert, dispatched as serving engines do.
+
+What is computed is DeepSeek-V4.1 inference/model.py's `Gate`, `Expert` and `MoE`: sqrt-softplus
+scores of an fp32 gate product, an aux-free bias that picks the experts (never weights them), the
+chosen unbiased scores normalised (+1e-20) times ``route_scale``; each expert's SwiGLU in fp32
+with the clamps at ``swiglu_limit`` and the routing weight applied before ``w2``; the routed sum
+and the shared expert accumulated in fp32 and rounded once to the model dtype.
+"""
 
 from __future__ import annotations
 
@@ -68,8 +75,58 @@ def grouped_mm_dense(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> to
     return out
 
 
+class Gate(nn.Module):
+    """DeepSeek-V4.1 inference/model.py `Gate` (score_func sqrtsoftplus, gate_temp 1): ``weight
+    [E, dim]``, and ``bias [E]``, the aux-free load-balancing bias, which steers the choice of
+    experts only (the reference keeps it fp32; here it has the model's dtype, read as fp32)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.top_k, self.route_scale = args.n_activated_experts, args.route_scale
+        self.weight = nn.Parameter(torch.empty(args.n_routed_experts, args.dim))
+        self.bias = nn.Parameter(torch.empty(args.n_routed_experts))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate's product in fp32 (of the model-dtype rows and weight), as the reference's."""
+        return F.linear(x.float(), self.weight.float())
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(self.logits(x), self.bias, self.top_k, self.route_scale)
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, route_scale: float
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``top_k`` experts ``[T, k]`` (highest biased score first) and their fp32
+    weights: ``scores = sqrt(softplus(logits))``, the experts chosen by ``scores + bias``, the
+    weights the chosen *unbiased* scores over their sum (+1e-20, only for ``top_k > 1``) times
+    ``route_scale``."""
+    scores = F.softplus(logits.float()).sqrt()
+    experts = (scores + bias.float()).topk(top_k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if top_k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return experts, weights * route_scale
+
+
+def swiglu(h: torch.Tensor, limit: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek-V4.1 inference/model.py `Expert` between its GEMMs: ``h = [gate | up]`` (the
+    gate/up GEMM's output, model dtype) to ``silu(gate) * up`` in fp32, with ``up`` clamped to
+    ``[-limit, limit]`` and ``gate`` from above at ``limit`` (``limit`` 0: no clamp), times the
+    routing ``weights`` (fp32, broadcast over the last dim) when given, rounded once to h's
+    dtype: the weight multiplies before ``w2``."""
+    gate, up = h.float().chunk(2, dim=-1)
+    if limit > 0:
+        up = up.clamp(-limit, limit)
+        gate = gate.clamp(max=limit)
+    a = F.silu(gate) * up
+    if weights is not None:
+        a = weights * a
+    return a.to(h.dtype)
+
+
 class RoutedExperts(nn.Module):
-    """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up), ``w2 [E, dim, inter]``."""
+    """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up: the reference's ``w1``,
+    ``w3``), ``w2 [E, dim, inter]``."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -82,19 +139,23 @@ MOE_ROWS = 16384  # tokens routed per chunk: the sorted copies stay a few GiB at
 
 
 class MoE(nn.Module):
-    """Top-k routed experts plus shared experts, dispatched as serving engines do.
+    """Top-k routed experts plus the shared expert, dispatched as serving engines do.
 
     Each token's (token, expert) pairs are sorted by expert (stable, so ties keep token order), the
     rows are gathered and run through a grouped GEMM whose group ends are computed on the device
-    (``searchsorted``, no host sync: capturable at static shapes); outputs return to their pairs
-    and are combined with the routing weights. Unselected experts do no work.
+    (``searchsorted``, no host sync: capturable at static shapes); the SwiGLU applies each pair's
+    routing weight, the down projection's outputs return to their pairs and each token sums its
+    k in fp32 with the shared expert's output. Unselected experts do no work. Every dispatch
+    path (the grouped GEMM, its dense fallback, the Triton ``expert_gemm``, the ``MOE_ROWS``
+    chunks) computes `MoE` of the reference.
     """
 
     def __init__(self, args: ModelArgs, shared_experts: RoutedExperts | None = None) -> None:
         super().__init__()
         self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
         self.inter = args.moe_inter_dim
-        self.gate = nn.Linear(args.dim, args.n_routed_experts, bias=False)
+        self.route_scale, self.swiglu_limit = args.route_scale, args.swiglu_limit
+        self.gate = Gate(args)
         # A pool shared with other layers stays unregistered (the model owns it).
         self.own_experts = RoutedExperts(args) if shared_experts is None else None
         self.shared_pool = (shared_experts,)
@@ -108,24 +169,22 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor, fused: Kernels | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's top-k experts ``[T, k]`` and their normalised sigmoid weights (``fused``:
-        in one kernel, ``moe_route``, with the gate's product where ``gate_in_route``)."""
-        if fused is not None and gate_in_route(*self.gate.weight.shape):
-            return moe_route(fused, x, self.top_k, self.gate.weight)
-        logits = self.gate(x)
+        """``Gate``: each row's top-k experts ``[T, k]`` and their fp32 weights (``fused``: in
+        one kernel, ``moe_route``, with the gate's product where ``gate_in_route``)."""
+        gate = self.gate
+        if fused is not None and gate_in_route(*gate.weight.shape):
+            return moe_route(fused, x, self.top_k, gate.bias, self.route_scale, gate.weight)
         if fused is not None:
-            return moe_route(fused, logits, self.top_k)
-        scores = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
-        top = scores.topk(self.top_k, dim=-1)
-        return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)
+            return moe_route(fused, gate.logits(x), self.top_k, gate.bias, self.route_scale)
+        return gate(x)
 
     def routed(self, x: torch.Tensor, out: torch.Tensor | None = None,
                fused: Kernels | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
-        """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared experts'
+        """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared expert's
         output of those rows) when given, written into ``out`` when given; ``fused``: the
         inference kernels these rows run on (``fused_moe``, decided once per forward), None: the
         PyTorch steps."""
-        t, k = x.shape[0], self.top_k
+        t, k, limit = x.shape[0], self.top_k, self.swiglu_limit
         experts, weights = self.route(x, fused)
         if fused is not None:
             order, ends = moe_sort(fused, experts, self.n_experts)
@@ -136,36 +195,38 @@ class MoE(nn.Module):
             ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w = self.experts
         if fused is not None and not native_grouped_mm(x):  # gather, SwiGLU, scatter in GEMMs
-            a = expert_gemm(fused, x, w.w13, ends, order, top_k=k, swiglu=True)
+            a = expert_gemm(fused, x, w.w13, ends, order, top_k=k, swiglu=True, limit=limit,
+                            weights=weights)
             return moe_combine(fused, expert_gemm(fused, a, w.w2, ends, order, scatter=True),
-                               None, weights, out, shared)
+                               None, k, out, shared)
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
         if fused is not None:
-            return moe_combine(fused, grouped_mm(silu_mul(fused, h), w.w2, ends), order,
-                               weights, out, shared)
-        g, u = h.chunk(2, dim=-1)
-        y = grouped_mm(F.silu(g) * u, w.w2, ends)
-        y = y.mul_(weights.flatten()[order].to(y.dtype)[:, None])
+            a = silu_mul(fused, h, limit, weights, order)
+            return moe_combine(fused, grouped_mm(a, w.w2, ends), order, k, out, shared)
+        y = grouped_mm(swiglu(h, limit, weights.flatten()[order][:, None]), w.w2, ends)
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
         if shared is not None:
             summed = summed + shared
+        summed = summed.to(x.dtype)
         return summed if out is None else out.copy_(summed)
 
     def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
+        """The shared expert (the reference's ``shared_experts``: the routed experts' clamped
+        SwiGLU, weight 1)."""
         if self.shared_w13 is None:
             return None
+        limit = self.swiglu_limit
         if fused is not None and not native_grouped_mm(x):  # the GEMM and SwiGLU in one launch
             return self.shared_w2(expert_gemm(fused, x, self.shared_w13.weight[None], None, None,
-                                              swiglu=True))
+                                              swiglu=True, limit=limit))
         h = self.shared_w13(x)
         if fused is not None:
-            return self.shared_w2(silu_mul(fused, h))
-        s1, s3 = h.chunk(2, dim=-1)
-        return self.shared_w2(F.silu(s1) * s3)
+            return self.shared_w2(silu_mul(fused, h, limit))
+        return self.shared_w2(swiglu(h, limit))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared experts run first: the routed experts' combine adds their output."""
+        """The shared expert runs first: the routed experts' combine adds its output."""
         kernels = active_kernels()
         fused = kernels if fused_moe(kernels, x) else None
         shared = self.shared_experts(x, fused)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.model import Transformer, build_model
-from swa_bench.model.moe import MoE, RoutedExperts, grouped_mm
+from swa_bench.model.moe import Gate, MoE, RoutedExperts, grouped_mm, swiglu
 from swa_bench.parallel.collectives import all_reduce_sum
 from swa_bench.parallel.layout import ParallelLayout
 
@@ -60,7 +59,7 @@ class ExpertParallelMoE(MoE):
     ) -> None:
         super().__init__(local_expert_args(args, layout), experts)
         self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
-        self.gate = nn.Linear(args.dim, args.n_routed_experts, bias=False)
+        self.gate = Gate(args)
         shared = args.n_shared_experts * args.moe_inter_dim // layout.tp
         self.shared_w13 = nn.Linear(args.dim, 2 * shared, bias=False) if shared else None
         self.shared_w2 = nn.Linear(shared, args.dim, bias=False) if shared else None
@@ -83,13 +82,14 @@ class ExpertParallelMoE(MoE):
         ends = torch.searchsorted(pairs[order], bounds).to(torch.int32)
         w = self.experts
         h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
-        g, u = h.chunk(2, dim=-1)
-        y = grouped_mm(F.silu(g) * u, w.w2, ends)
-        y = torch.where(mine[order][:, None], y * weights.flatten()[order].to(y.dtype)[:, None], 0)
+        y = grouped_mm(swiglu(h, self.swiglu_limit, weights.flatten()[order][:, None]), w.w2,
+                       ends)
+        y = torch.where(mine[order][:, None], y, 0)
         y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32).to(x.dtype)
+        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
         if shared is not None:
             summed = summed + shared
+        summed = summed.to(x.dtype)
         return summed if out is None else out.copy_(summed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

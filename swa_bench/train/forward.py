@@ -27,11 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from swa_bench.model.key_sources import pool, visible_counts, visible_mask
 from swa_bench.model.model import Transformer
-from swa_bench.model.moe import MoE
+from swa_bench.model.moe import MoE, swiglu
 from swa_bench.model.sparse_attention import select_top_k
 
 
@@ -42,19 +41,20 @@ class TrainOutput:
 
 
 def dense_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
-    """``moe(x)`` with every routed expert run on every row and weighted by the routing."""
+    """``moe(x)`` with every routed expert run on every row, its SwiGLU weighted by the routing
+    (zero for the experts a row did not choose) before ``w2``: the same function as the grouped
+    dispatch, DeepSeek-V4.1 inference/model.py `MoE` (fp32 sum with the shared expert, one
+    rounding)."""
     experts, weights = moe.route(x)
     gate = torch.zeros(x.shape[0], moe.n_experts, device=x.device, dtype=torch.float32)
     gate = gate.scatter(1, experts, weights)
     w = moe.experts
     h = torch.einsum("nd,eid->eni", x, w.w13)
-    g, u = h.chunk(2, dim=-1)
-    y = torch.einsum("eni,edi->end", F.silu(g) * u, w.w2)
-    out = torch.einsum("end,ne->nd", y.float(), gate).to(x.dtype)
+    a = swiglu(h, moe.swiglu_limit, gate.t()[..., None])
+    out = torch.einsum("eni,edi->end", a, w.w2).sum(dim=0, dtype=torch.float32)
     if moe.shared_w13 is not None:
-        s1, s3 = moe.shared_w13(x).chunk(2, dim=-1)
-        out = out + moe.shared_w2(F.silu(s1) * s3)
-    return out
+        out = out + moe.shared_w2(swiglu(moe.shared_w13(x), moe.swiglu_limit))
+    return out.to(x.dtype)
 
 
 def window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:
