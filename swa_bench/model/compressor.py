@@ -51,9 +51,13 @@ class Groups:
 
 
 class Compressor(nn.Module):
+    """A KV source's compressor (``Attention.compressor``; DeepSeek-V4.1 inference/model.py
+    ``Compressor``): ``wkv``, ``wgate`` above ratio 1, ``norm``. It holds no state: the
+    incomplete groups live in the cache the forward context names."""
+
     def __init__(self, args: ModelArgs, layer: int) -> None:
         super().__init__()
-        self.ratio = args.compress_ratio_for(layer)
+        self.source, self.ratio = layer, args.compress_ratio_for(layer)
         self.wkv = nn.Linear(args.dim, args.head_dim, bias=False)
         if self.ratio > 1:
             self.wgate = nn.Linear(args.dim, args.head_dim, bias=False)
@@ -77,8 +81,7 @@ class Compressor(nn.Module):
         kv, score = (t[:, : n * self.ratio].unflatten(1, (n, self.ratio)) for t in (kv, score))
         return self.norm(pool_groups(kv, score).to(x.dtype))
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache,
-                source: int) -> Groups:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> Groups:
         """The groups this step's rows ``x`` (the key rows: a KV source runs on the batch, whose
         query rows are its key rows) complete, pooled from this step's rows and the request's
         ring of the earlier ones; each request's last ``r`` rows are then written to the ring."""
@@ -89,7 +92,7 @@ class Compressor(nn.Module):
         kv, score = self.project(x)
         if r == 1:
             return Groups(self.norm(kv), start, slot)
-        state = cache.group_state[source]
+        state = cache.group_state[self.source]
         rows = torch.stack([kv, score], dim=1)  # [rows, 2, d]
         group = torch.cat([state, rows])[group_index(meta, state.shape[0], r)]
         pooled = pool_groups(group[:, :, 0], group[:, :, 1])
@@ -99,7 +102,7 @@ class Compressor(nn.Module):
 
 def _row_requests(meta: AttentionMetadata) -> torch.Tensor:
     if meta.global_slot.shape[0] != meta.num_rows:
-        raise ValueError("a KV source writes on a batch whose key rows are its query rows")
+        raise ValueError("a KV source's compressor runs on rows that are their own key rows")
     return meta.row_request
 
 

@@ -121,7 +121,7 @@ class Attention(nn.Module):
         if self.compressor is None:
             return
         ctx = get_forward_context()
-        groups = self.compressor(x, ctx.attn_metadata, ctx.cache, self.layer)
+        groups = self.compressor(x, ctx.attn_metadata, ctx.cache)
         kv = self.rope(groups.latent, groups.start, self.args.rope_dim)
         ctx.cache.compressed[self.layer].index_copy_(0, groups.slot, kv)
         if self.writes_index_keys:
