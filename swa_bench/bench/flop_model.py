@@ -11,6 +11,8 @@ grouped GEMMs of the routed experts). Counted as the code runs them:
   position (causal per chunk, chunked as ``select_varlen`` chunks), in every index head; the
   fused kernel (the ``kernels`` counted for: Triton's) against the keys up to its row block's
   last visible one;
+* a KV source's compressor projects every row of the batch (``wkv``, ``wgate`` above ratio 1,
+  the index keys' ``wk_index``);
 * the MoE runs the gate, the k routed experts of each row and the shared experts.
 
 Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
@@ -98,10 +100,17 @@ def attention_projection_flops(args: ModelArgs, num_rows: int) -> int:
 
 
 def kv_write_flops(args: ModelArgs, layer: int, num_rows: int) -> int:
-    """wkv per row, and a KV source's index keys (``wk`` of the latent) with sparse attention."""
-    owns_keys = args.sparse and layer in args.kv_sources
-    keys = 2 * args.head_dim * args.index_head_dim if owns_keys else 0
-    return num_rows * (2 * args.dim * args.head_dim + keys)
+    """The window latent's ``wkv`` per row; a KV source's compressor on the same rows: its
+    ``wkv`` (and ``wgate`` above ratio 1, fp32) and, with sparse attention, the index keys'
+    ``wk_index`` of its latent (computed on every row at static shapes; only a group's last row
+    writes)."""
+    per_row = 2 * args.dim * args.head_dim
+    if layer in args.kv_sources:
+        projections = 1 if args.compress_ratio_for(layer) == 1 else 2
+        per_row += projections * 2 * args.dim * args.head_dim
+        if args.sparse:
+            per_row += 2 * args.head_dim * args.index_head_dim
+    return num_rows * per_row
 
 
 def hyper_connection_flops(args: ModelArgs, num_rows: int) -> int:

@@ -106,7 +106,7 @@ def _prefill(args: ModelArgs, tokens: int, device: torch.device, dtype: torch.dt
                                             args=args, device=device)
     gen = torch.Generator(device=device).manual_seed(0)
     cache = KVCache(args, device, dtype)
-    for latent in cache.latent.values():
+    for latent in cache.compressed.values():
         latent.normal_(generator=gen)
     q = torch.randn(tokens, args.n_heads, args.head_dim, device=device, dtype=dtype, generator=gen)
     kv = torch.randn(tokens, args.head_dim, device=device, dtype=dtype, generator=gen)

@@ -76,7 +76,8 @@ def _index_scores_flop_formula(q_shape, weights_shape, keys_shape, first_pos, ra
 def index_scores_fused(kernels: Kernels, q: torch.Tensor, weights: torch.Tensor,
                        keys: torch.Tensor, first_pos: int, ratio: int) -> torch.Tensor:
     """fp32 ``[rows, n]``: row ``i`` (at position ``first_pos + i``) against keys ``[n, d]``
-    (pooled by ``ratio``): ``sum_h weights[i, h] relu(q[i, h] . k_j)`` where it sees key ``j``
+    (one per group of ``ratio`` positions, as the source's compressor wrote them):
+    ``sum_h weights[i, h] relu(q[i, h] . k_j)`` where it sees key ``j``
     (``j < (pos + 1) // ratio``), -inf where it does not."""
     return call_op(index_scores_op, _index_scores, q, weights, keys, int(first_pos), int(ratio),
                    kernels.precision(q.dtype), kernels.direct_launch)

@@ -29,7 +29,7 @@ def index_scores_kernel(
     c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     r_ok, c_ok = r < rows, c < n_keys
     pos = first_pos + r
-    limit = tl.where(r_ok, (pos + 1) // RATIO, 0)  # row r sees keys j < limit (pooled by RATIO)
+    limit = tl.where(r_ok, (pos + 1) // RATIO, 0)  # row r sees keys j < limit (a key per group)
     out = Out + r.to(tl.int64)[:, None] * stride_or + c[None, :]
     store = r_ok[:, None] & c_ok[None, :]
     if tl.program_id(1) * BLOCK_N >= tl.max(limit, 0):

@@ -33,7 +33,6 @@ from swa_bench.model.forward_context import ShapeMode, active_kernels
 from swa_bench.model.key_sources import (
     GlobalKV,
     layouts_causal_keys,
-    pool,
     step_global_keys,
     visible_counts,
     visible_global_keys,
@@ -143,12 +142,11 @@ def attend(
     scale = q.shape[-1] ** -0.5
     static = shape_mode == "static"
     if active_kernels().triton:
-        out = _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, static,
-                                scale)
+        out = _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
     elif static:
         sources = [(keys, win)]
         if global_kv.source is not None:
-            sources.append(_global_source(meta, cache, global_kv, selection, static))
+            sources.append(_global_source(meta, cache, global_kv, selection))
         out = gathered_attention(q, sources, sink, scale)
     else:
         out = _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
@@ -156,26 +154,26 @@ def attend(
     return out
 
 
-def _global_source(meta, cache, global_kv, selection, static):
+def _global_source(meta, cache, global_kv, selection):
     """The global keys as a gathered source over ``step_global_keys``: the selected positions,
     or at static shapes (dense) every visible position of the row's request slot."""
-    glob, base = step_global_keys(meta, cache, global_kv, static)
+    glob, base = step_global_keys(meta, cache, global_kv)
     if selection is None:
         per_slot = glob.shape[0] // cache.args.max_requests
         selection = visible_positions(meta, per_slot, global_kv.ratio)
     return glob, torch.where(selection >= 0, base[:, None] + selection, -1)
 
 
-def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, static, scale):
+def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale):
     """Every row of the step in one launch: its window keys gathered, then its selected global
     keys gathered (sparse) or its causal prefix of the source's keys as a contiguous range
     (dense: no index list, no loop over requests)."""
     sources, causal = [(keys, win)], None
     if selection is not None:
-        sources.append(_global_source(meta, cache, global_kv, selection, static))
+        sources.append(_global_source(meta, cache, global_kv, selection))
     elif global_kv.source is not None:
         ratio = global_kv.ratio
-        glob, start = step_global_keys(meta, cache, global_kv, static)
+        glob, start = step_global_keys(meta, cache, global_kv)
         causal = (glob, start, visible_global_keys(meta, ratio),
                   layouts_causal_keys(meta.layouts, ratio))
     return mqa_attention(active_kernels(), q, sink, scale, sources, causal)
@@ -204,7 +202,7 @@ def _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, sca
             continue
         glob = None
         if global_kv.source is not None:
-            glob = pool(cache.latent_rows(global_kv.source, lay.cache_index, lay.seq_len), ratio)
+            glob = cache.compressed_rows(global_kv.source, lay.cache_index, lay.seq_len // ratio)
         if selection is not None:
             rows = slice(lay.q_start, lay.q_start + lay.q_len)
             sources = [(keys, win[rows])]

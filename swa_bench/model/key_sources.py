@@ -6,13 +6,14 @@ A row reads two key sources (K = V, the MQA latent):
 * its **window**: positions ``t - W + 1 .. t`` at or above its request's window start, as rows of
   ``cat([ring, kv])`` (``window_index``): the ring holds earlier window KV (read before this call
   writes it), ``kv`` what this forward computed;
-* its **global keys**: nothing, S's latent at full resolution, or a KV source's latent pooled by
-  the compress ratio (``pool``, the compressed KV); key ``j`` is visible at position ``t`` while
-  ``j < visible_counts(t, seq_len, r)`` (``j <= t`` at ratio 1, ``j < (t + 1) // r`` pooled, and
-  inside the request's sequence, so a padded row sees none).
+* its **global keys**: nothing, or a KV source's compressed KV (``model.compressor``: S's at
+  ratio 1, a key per position; an encoder source's a key per group of ``r`` positions), written
+  once by the source and read in place from the cache; key ``j`` is visible at position ``t``
+  while ``j < visible_counts(t, seq_len, r)`` (``j <= t`` at ratio 1, ``j < (t + 1) // r``
+  compressed, and inside the request's sequence, so a padded row sees none).
 
 Every attention path (dense and sparse; varlen and static shapes; PyTorch and Triton) and the
-indexer read these definitions, and the training forward its pooling and visibility (its window
+indexer read these definitions, and the training forward its visibility (its window
 is the dense ``[T, T]`` mask of the same positions), so one masking change lands here once and
 E3's bitwise comparisons see the same keys on every path. The Triton kernels restate the rule in
 their own arithmetic and are tested against these functions. What depends only on a step's metadata
@@ -35,26 +36,17 @@ from swa_bench.model.forward_context import active_kernels
 
 @dataclass(frozen=True)
 class GlobalKV:
-    """What a layer reads besides its window: nothing, S's latent, or a source's pooled latent."""
+    """What a layer reads besides its window: nothing, or a KV source's compressed KV."""
 
     source: int | None
-    ratio: int = 1  # 1: full resolution (S and the decoder); > 1: compressed (the encoder)
-
-
-def pool(rows: torch.Tensor, ratio: int) -> torch.Tensor:
-    """Compressed KV: the mean of each whole group of ``ratio`` rows along dim -2, ``[..., n, d]``
-    to ``[..., n // ratio, d]`` (a trailing partial group has no key yet); ratio 1 is the rows."""
-    if ratio == 1:
-        return rows
-    n = rows.shape[-2] // ratio
-    return rows[..., : n * ratio, :].reshape(*rows.shape[:-2], n, ratio, rows.shape[-1]).mean(-2)
+    ratio: int = 1  # 1: a key per position (S and the decoder); > 1: per group (the encoder)
 
 
 def visible_counts(positions: int | torch.Tensor, seq_len: int | torch.Tensor,
                    ratio: int) -> int | torch.Tensor:
     """How many global keys each query position sees: key ``j`` is visible at ``t`` iff
     ``j < visible_counts(t, ...)``. Causal, ``(t + 1) // r`` (``j <= t`` at full resolution; a
-    pooled key once its whole group is), and inside the sequence, ``j * r < seq_len``.
+    compressed key once its whole group is), and inside the sequence, ``j * r < seq_len``.
 
     Host integers (the varlen walk's per-chunk key cut) or tensors (device metadata) alike."""
     causal = (positions + 1) // ratio
@@ -129,34 +121,19 @@ def _window_index(meta: AttentionMetadata, ring_rows: int, window: int) -> torch
     return torch.where(readable, torch.where(kpos >= first, from_kv, from_ring), -1)
 
 
-def slot_view(flat: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """A flat per-slot cache (``cache.latent[s]``, ``cache.index_keys[s]``) as
-    ``[max_requests, max_seq_len, d]`` without its trash row: request slot ``c``'s positions."""
-    args = cache.args
-    return flat[: args.max_requests * args.max_seq_len].view(args.max_requests,
-                                                             args.max_seq_len, -1)
+def slot_view(flat: torch.Tensor, max_requests: int) -> torch.Tensor:
+    """A flat per-group cache (``cache.compressed[s]``, ``cache.index_keys[s]``) as
+    ``[max_requests, groups, d]`` without its trash row: request slot ``c``'s groups."""
+    return flat[:-1].view(max_requests, -1, flat.shape[-1])
 
 
 def step_global_keys(
-    meta: AttentionMetadata, cache: KVCache, global_kv: GlobalKV, static: bool
+    meta: AttentionMetadata, cache: KVCache, global_kv: GlobalKV
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A source's global keys for the whole step as one flat ``[N, d]`` tensor, and each query
-    row's first key in it.
-
-    Full resolution reads the cache in place (request slot ``c`` starts at ``c * max_seq_len``).
-    Pooled keys are computed: over every request slot at static shapes (no host reads), over the
-    step's own requests up to its longest sequence eagerly. A pooled key is the same reduction
-    of the same rows either way, so eager and FULL see equal bits."""
-    ratio = global_kv.ratio
-    slots = slot_view(cache.latent[global_kv.source], cache)
-    if static or ratio == 1:
-        keys = pool(slots, ratio)
-        per_slot = keys.shape[1]
-        base = meta.derived_tensor(("global_start", per_slot, "slot"),
-                                   lambda: meta.cache_index[meta.row_request] * per_slot)
-        return keys.reshape(-1, keys.shape[-1]), base
-    requests = len(meta.layouts)
-    n = max((lay.seq_len for lay in meta.layouts), default=0) // ratio
-    keys = pool(slots[meta.cache_index[:requests], : n * ratio], ratio)
-    base = meta.derived_tensor(("global_start", n, "request"), lambda: meta.row_request * n)
-    return keys.reshape(-1, keys.shape[-1]), base
+    """A source's compressed keys for the whole step as one flat ``[N, d]`` tensor, and each
+    query row's first key in it: the cache in place (request slot ``c`` starts at
+    ``c * groups``), the same rows at either shape mode, with no host reads."""
+    per_slot = cache.groups(global_kv.source)
+    base = meta.derived_tensor(("global_start", per_slot),
+                               lambda: meta.cache_index[meta.row_request] * per_slot)
+    return cache.compressed[global_kv.source][:-1], base

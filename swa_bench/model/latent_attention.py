@@ -1,5 +1,6 @@
 """The attention layer: low-rank query, one shared K=V latent (MQA) with partial RoPE, the
-window and global key sources, the indexer's query side, and the grouped low-rank output."""
+window and global key sources, the indexer's query side, and the grouped low-rank output. A KV
+source also owns its compressor (``model.compressor``): its compressed KV and index keys."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 from swa_bench.kernels import fused_latents, norm_latents
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import attend
+from swa_bench.model.compressor import Compressor
 from swa_bench.model.derived import derived_from_weights
 from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
@@ -36,7 +38,9 @@ class Attention(nn.Module):
         self.wo_b = nn.Linear(args.o_groups * args.o_lora_rank, args.dim, bias=False)
         self.sink = nn.Parameter(torch.zeros(args.n_heads))
         source = args.kv_source_for(layer)
-        self.writes_latent = layer in args.kv_sources
+        # A KV source's compressed KV, apart from its window latent (DeepSeek-V4.1 inference/
+        # model.py ``Attention.compressor``).
+        self.compressor = Compressor(args, layer) if layer in args.kv_sources else None
         if source is None:
             self.global_kv = GlobalKV(None)
         elif layer >= args.last_kv_source:
@@ -50,7 +54,7 @@ class Attention(nn.Module):
             n_index, d_index = args.index_n_heads, args.index_head_dim
             self.wq_index = nn.Linear(args.q_lora_rank, n_index * d_index, bias=False)
             self.w_index = nn.Linear(args.dim, n_index, bias=False)
-        self.writes_index_keys = args.sparse and self.writes_latent
+        self.writes_index_keys = args.sparse and self.compressor is not None
         if self.writes_index_keys:
             self.wk_index = nn.Linear(args.head_dim, args.index_head_dim, bias=False)
             self.index_norm = RMSNorm(args.index_head_dim, args.norm_eps)
@@ -76,20 +80,21 @@ class Attention(nn.Module):
         return min(self.args.rope_dim, self.args.index_head_dim // 2 * 2)
 
     def project_latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The query latent and the shared K=V latent of every row (stored as ``project_kv``
-        stores it). On the inference kernels: one GEMM over both projections' stacked weights
-        and one launch for both norms and the RoPE, three launches where the steps take eight."""
+        """The query latent and the shared K=V latent of every row (a KV source's compressor
+        writes as in ``project_kv``). On the inference kernels: one GEMM over both projections'
+        stacked weights and one launch for both norms and the RoPE, three launches where the
+        steps take eight."""
         args = self.args
         kernels = active_kernels()
         if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
             return self.q_norm(self.wq_a(x)), self.project_kv(x)
         positions = get_forward_context().attn_metadata.positions
         cos_table, sin_table = rope_table(x.device, self.rope_spec)
-        q_latent, kv, latent = norm_latents(
+        q_latent, kv, _ = norm_latents(
             kernels, F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
-            positions, cos_table, sin_table, args.rope_dim, keep_latent=self.writes_index_keys)
-        self.store_kv(kv, latent)
+            positions, cos_table, sin_table, args.rope_dim)
+        self.store_kv(x)
         return q_latent, kv
 
     def stacked_latent_weight(self) -> torch.Tensor:
@@ -100,25 +105,30 @@ class Attention(nn.Module):
                                     lambda: torch.cat(weights))
 
     def project_kv(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared K=V latent of every row, by the PyTorch steps (layer S's part on every
-        row, and the path where ``project_latents`` does not fuse), stored by ``store_kv``."""
-        latent = self.kv_norm(self.wkv(x))
+        """The window K=V latent of every row by the PyTorch steps (layer S's part on every row,
+        and the path where ``project_latents`` does not fuse); a KV source's compressor writes
+        from the same rows (``store_kv``)."""
         positions = get_forward_context().attn_metadata.positions
-        kv = self.rope(latent, positions)
-        self.store_kv(kv, latent)
+        kv = self.rope(self.kv_norm(self.wkv(x)), positions, inplace=True)
+        self.store_kv(x)
         return kv
 
-    def store_kv(self, kv: torch.Tensor, latent: torch.Tensor | None) -> None:
-        """A KV source writes ``kv`` to its latent cache and, with sparse attention, its index
-        keys from ``latent`` (the normed latent before RoPE)."""
+    def store_kv(self, x: torch.Tensor) -> None:
+        """A KV source's compressor on the step's rows ``x``: each group completed here is
+        written once to the source's compressed KV, RoPE'd at the group's first position, and
+        with sparse attention to its index keys, ``index_norm(wk_index(latent))`` of the latent
+        before RoPE, RoPE'd there too (DeepSeek-V4.1 inference/model.py ``_compress_kv``,
+        ``Indexer.forward``). Rows completing no group write the trash row."""
+        if self.compressor is None:
+            return
         ctx = get_forward_context()
-        meta = ctx.attn_metadata
-        if self.writes_latent:
-            ctx.cache.latent[self.layer].index_copy_(0, meta.global_slot, kv)
+        groups = self.compressor(x, ctx.attn_metadata, ctx.cache)
+        kv = self.rope(groups.latent, groups.start, self.args.rope_dim)
+        ctx.cache.compressed[self.layer].index_copy_(0, groups.slot, kv)
         if self.writes_index_keys:
-            keys = self.rope(self.index_norm(self.wk_index(latent)), meta.positions,
+            keys = self.rope(self.index_norm(self.wk_index(groups.latent)), groups.start,
                              self.index_rope_dim, inplace=True)
-            ctx.cache.index_keys[self.layer].index_copy_(0, meta.global_slot, keys)
+            ctx.cache.index_keys[self.layer].index_copy_(0, groups.slot, keys)
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)

@@ -3,13 +3,14 @@ global positions, and attention (``attention.attend``) reads only those plus the
 
 The indexer follows the public V4.1 modeling code (SGLang's torch path,
 ``sglang/srt/layers/attention/dsv4`` ``DeepseekV41Indexer``; vLLM's ``deepseek_v41`` indexer
-parameters): only KV-source layers own index keys, ``k = rope(k_norm(wk(latent)))`` of the
-source's pre-RoPE latent; an index source's queries are ``rope(wq_b(q_lora))`` in ``index_n_heads``
-heads, its head weights ``weights_proj(x) * index_head_dim**-0.5 * index_n_heads**-0.5``, and a
-position's score is ``sum_h w_h relu(q_h . k)``. The index source publishes its top-k and the
-layers up to the next index source attend to the same selection. Compressed layers score the
-pooled positions (``key_sources.pool`` of the per-position keys; the real model derives them
-from its compressor's pooled latent: same shapes and cost), visible by ``key_sources``' rule.
+parameters; DeepSeek-V4.1 inference/model.py ``Indexer``): only KV-source layers own index
+keys, ``k = rope(k_norm(wk(latent)))`` of the source's compressor latent before RoPE, one per
+group, RoPE'd at the group's first position (``model.compressor``); an index source's queries
+are ``rope(wq_b(q_lora))`` in ``index_n_heads`` heads, its head weights
+``weights_proj(x) * index_head_dim**-0.5 * index_n_heads**-0.5``, and a position's score is
+``sum_h w_h relu(q_h . k)``. The index source publishes its top-k and the layers up to the next
+index source attend to the same selection. Compressed layers score their source's per-group keys
+as the cache holds them, visible by ``key_sources``' rule.
 
 Cost: the indexer's scoring is O(T^2) as in the real model, chunked by rows and causal per chunk
 (keys up to the chunk's last position), so its memory stays bounded; attention over the
@@ -28,7 +29,6 @@ from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ShapeMode, active_kernels
 from swa_bench.model.key_sources import (
-    pool,
     slot_view,
     visible_counts,
     visible_global_keys,
@@ -119,7 +119,7 @@ def select_varlen(
     for lay in meta.layouts:
         if lay.q_len == 0:
             continue
-        keys = pool(cache.index_key_rows(index.source, lay.cache_index, lay.seq_len), ratio)
+        keys = cache.index_key_rows(index.source, lay.cache_index, lay.seq_len // ratio)
         chunk = index_chunk_rows(keys.shape[0], index.q.shape[1], index.q.device, fused)
         for c0 in range(0, lay.q_len, chunk):
             c1 = min(lay.q_len, c0 + chunk)
@@ -139,7 +139,7 @@ def select_static(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
 ) -> torch.Tensor:
     """``select`` from device metadata alone (every request slot's whole cache)."""
-    keys = pool(slot_view(cache.index_keys[index.source], cache), ratio)
+    keys = slot_view(cache.index_keys[index.source], cache.args.max_requests)
     req = meta.row_request
     visible = visible_mask(visible_global_keys(meta, ratio), keys.shape[1])
     outs = []

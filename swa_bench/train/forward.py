@@ -6,9 +6,10 @@ norms, mHC and routing and computes, for every position of every sequence, exact
 full prefill computes (a test holds it to the engine's reference step):
 
 * window: the layer's own K=V latent at positions ``t - W + 1 .. t``;
-* global: S's latent (S and the decoder) or the closest KV source's latent pooled by the
-  compress ratio (the encoder), through ``key_sources``' own ``pool`` and visibility rule
-  (pooled position ``j`` visible while ``j < (t + 1) // r``);
+* global: the compressed KV of S (S and the decoder, ratio 1) or of the closest KV source (the
+  encoder): its compressor's latent of each whole group (``Compressor.whole_groups``), RoPE'd at
+  the group's first position, visible by ``key_sources``' rule (``j < (t + 1) // r``); index
+  keys from the same latent before RoPE;
 * sparse layers read only the positions their index source selects (``select_top_k``, the
   inference path's own selection), plus the window; one softmax with the per-head sink.
 * RoPE by each layer's own table (``Attention.rope``), the output heads turned back at the
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.model.key_sources import pool, visible_counts, visible_mask
+from swa_bench.model.key_sources import visible_counts, visible_mask
 from swa_bench.model.model import Transformer
 from swa_bench.model.moe import MoE, swiglu
 from swa_bench.model.sparse_attention import select_top_k
@@ -91,19 +92,23 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
         q = attn.project_q(q_latent, positions).view(b, t, attn.n_heads, attn.head_dim)
         latent = attn.kv_norm(attn.wkv(h))
         kv = attn.rope(latent, positions).view(b, t, -1)
-        if attn.writes_latent:
-            latents[attn.layer] = kv
-        if attn.writes_index_keys:
-            keys = attn.rope(attn.index_norm(attn.wk_index(latent.detach())), positions,
-                             attn.index_rope_dim)
-            index_keys[attn.layer] = keys.view(b, t, -1)
+        if attn.compressor is not None:
+            groups = attn.compressor.whole_groups(h.view(b, t, -1))
+            n = groups.shape[1]
+            starts = (torch.arange(n, device=dev) * attn.compressor.ratio).repeat(b)
+            latents[attn.layer] = attn.rope(groups.flatten(0, 1), starts,
+                                            args.rope_dim).view(b, n, -1)
+            if attn.writes_index_keys:
+                keys = attn.rope(attn.index_norm(attn.wk_index(groups.detach().flatten(0, 1))),
+                                 starts, attn.index_rope_dim)
+                index_keys[attn.layer] = keys.view(b, n, -1)
         scale = attn.head_dim ** -0.5
         scores = [torch.einsum("bthd,bsd->bhts", q, kv).float() * scale]
         scores[0] = scores[0].masked_fill(~win, float("-inf"))
         values = [kv]
         gkv = attn.global_kv
         if gkv.source is not None:
-            glob = pool(latents[gkv.source], gkv.ratio)
+            glob = latents[gkv.source]
             n = glob.shape[1]
             visible = visible_mask(visible_counts(torch.arange(t, device=dev), t, gkv.ratio), n)
             dense = torch.einsum("bthd,bnd->bhtn", q, glob).float() * scale
@@ -112,7 +117,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
             if attn.runs_indexer:
                 index = attn.index_query(q_latent.detach(), positions,
                                          attn.index_weights(h.detach()))
-                ikeys = pool(index_keys[index.source], gkv.ratio)
+                ikeys = index_keys[index.source]
                 iq = index.q.view(b, t, *index.q.shape[1:])
                 s = torch.einsum("bthd,bnd->bthn", iq, ikeys).relu()
                 iscore = (index.weights.view(b, t, -1, 1).to(s.dtype) * s).sum(2).float()

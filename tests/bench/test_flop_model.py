@@ -40,8 +40,12 @@ def test_attention_projections():
 
 
 def test_kv_write():
-    assert kv_write_flops(SMALL, 1, 3) == 3 * (2 * 8 * 4 + 2 * 4 * 4)  # wkv + index keys
-    assert kv_write_flops(SMALL, 3, 3) == 3 * (2 * 8 * 4)  # not a source: wkv only
+    # the window's wkv 2*8*4; a source's compressor wkv 2*8*4 (+ wgate 2*8*4 at ratio 2) and
+    # its index keys' wk 2*4*4
+    assert kv_write_flops(SMALL, 1, 3) == 3 * (64 + 64 + 64 + 32)
+    assert kv_write_flops(SMALL, 2, 3) == 3 * (64 + 64 + 32)  # S: ratio 1, no gate
+    assert kv_write_flops(SMALL, 3, 3) == 3 * 64  # not a source: the window's wkv only
+    assert kv_write_flops(SMALL.replace(index_topk=None), 1, 3) == 3 * (64 + 64 + 64)
 
 
 def test_hyper_connection():

@@ -58,7 +58,7 @@ def attention_problem(args: ModelArgs, requests: list[tuple[int, int]], *, pad: 
 
     for ring in cache.ring:
         ring.copy_(rand(*ring.shape))
-    for latent in cache.latent.values():
+    for latent in cache.compressed.values():
         latent.copy_(rand(*latent.shape))
     q = rand(cursor + pad, args.n_heads, args.head_dim)
     kv = rand(cursor + pad, args.head_dim)

@@ -1,6 +1,7 @@
 """What each query row attends to, against oracles written from the rule's text: visibility by
-brute force, pooling as a loop of group means, and attention at both shape modes against a
-float64 per-row softmax over keys found by a loop over the request's host layout."""
+brute force, and attention at both shape modes against a float64 per-row softmax over keys found
+by a loop over the request's host layout (a compressed key per group, read where the cache holds
+request slot ``c``'s group ``j``: row ``c * ceil(max_seq_len / r) + j``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from swa_bench.model.args import PRESETS
 from swa_bench.model.attention import attend
-from swa_bench.model.key_sources import GlobalKV, pool, visible_counts, visible_global_keys
+from swa_bench.model.key_sources import GlobalKV, visible_counts, visible_global_keys
 from tests.kernels.conftest import attention_problem
 
 ARGS = PRESETS["tiny"].replace(max_requests=4, max_seq_len=64)  # W = 8
@@ -38,20 +39,11 @@ def test_padded_rows_see_no_global_key():
     assert counts[-3:].tolist() == [0, 0, 0] and int(counts[:-3].min()) > 0
 
 
-@pytest.mark.parametrize("ratio", [1, 3])
-def test_pool_is_each_whole_groups_mean(ratio):
-    rows = torch.randn(2, 11, 5, generator=torch.Generator().manual_seed(ratio))
-    want = torch.stack([torch.stack([rows[b, g * ratio : (g + 1) * ratio].mean(0)
-                                     for g in range(11 // ratio)]) for b in range(2)])
-    torch.testing.assert_close(pool(rows, ratio), want)
-    torch.testing.assert_close(pool(rows[1], ratio), want[1])
-
-
-def pooled_oracle(problem, source: int, lay, ratio: int) -> torch.Tensor:
-    start = lay.cache_index * ARGS.max_seq_len
-    rows = problem.cache.latent[source][start : start + lay.seq_len].double()
-    return torch.stack([rows[g * ratio : (g + 1) * ratio].mean(0)
-                        for g in range(lay.seq_len // ratio)] or [rows.new_zeros(rows.shape[1])])
+def compressed_oracle(problem, source: int, lay, ratio: int) -> torch.Tensor:
+    groups = -(-ARGS.max_seq_len // ratio)
+    start = lay.cache_index * groups
+    rows = problem.cache.compressed[source][start : start + lay.seq_len // ratio].double()
+    return rows if rows.shape[0] else rows.new_zeros(1, rows.shape[1])
 
 
 def oracle(problem, global_kv: GlobalKV, selection) -> torch.Tensor:
@@ -61,7 +53,7 @@ def oracle(problem, global_kv: GlobalKV, selection) -> torch.Tensor:
     for lay in problem.meta.layouts:
         glob = None
         if global_kv.source is not None:
-            glob = pooled_oracle(problem, global_kv.source, lay, global_kv.ratio)
+            glob = compressed_oracle(problem, global_kv.source, lay, global_kv.ratio)
         for i in range(lay.q_len):
             t, row = lay.q_first_pos + i, lay.q_start + i
             keys = []
@@ -105,7 +97,7 @@ def selections(meta, ratio: int, top_k: int):
 
 @pytest.mark.parametrize("global_kv", [GlobalKV(None), GlobalKV(ARGS.last_kv_source),
                                        GlobalKV(ARGS.kv_sources[0], ARGS.compress_ratio)],
-                         ids=["window", "full", "pooled"])
+                         ids=["window", "full", "compressed"])
 def test_both_shape_modes_compute_each_rows_attention(global_kv):
     """Varlen and static shapes gather the same keys: each equals the oracle, the sparse
     selection bit for bit alike; padded rows come out zero at either."""

@@ -68,10 +68,7 @@ def test_indexer_top_k_matches_a_per_row_oracle(sparse_model, source):
     index = IndexQuery(q, weights, source, ARGS.index_topk)
     chosen = select_varlen(meta, engine.cache, index, ratio)
     for lay in meta.layouts:
-        keys = engine.cache.index_key_rows(source, lay.cache_index, lay.seq_len)
-        if ratio > 1:
-            n = lay.seq_len // ratio
-            keys = keys[: n * ratio].view(n, ratio, -1).mean(dim=1)
+        keys = engine.cache.index_key_rows(source, lay.cache_index, lay.seq_len // ratio)
         rows = slice(lay.q_start, lay.q_start + lay.q_len)
         positions = range(lay.q_first_pos, lay.q_first_pos + lay.q_len)
         oracle = naive_top_k(q[rows], weights[rows], keys, positions, ratio, ARGS.index_topk)

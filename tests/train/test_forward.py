@@ -70,7 +70,7 @@ def test_gradients_reach_every_parameter_and_the_indexer_only_through_its_loss()
 
 
 def test_training_is_reproducible_and_lowers_the_loss():
-    cfg = TrainConfig(preset="sparse-tiny", steps=20, batch=4, seq_len=32, lr=3e-3, warmup=5,
+    cfg = TrainConfig(preset="sparse-tiny", steps=30, batch=4, seq_len=32, lr=3e-3, warmup=5,
                       length_warmup=())
     quiet = lambda line: None  # noqa: E731
     a, history = train(cfg, log=quiet)
