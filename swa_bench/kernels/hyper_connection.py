@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import Kernels, next_pow2
+from swa_bench.kernels.config import Kernels, call_op, next_pow2
 from swa_bench.kernels.launch import launch
 
 MAX_STREAMS = 4
@@ -51,29 +52,48 @@ def _fp32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 and t.is_contiguous() else t.float().contiguous()
 
 
+def _hc_project(streams: list[torch.Tensor], fn: torch.Tensor, eps: float,
+                direct: bool) -> torch.Tensor:
+    from swa_bench.kernels import triton_hc
+
+    rows, dim = streams[0].shape
+    mixes = torch.empty(rows, fn.shape[0], dtype=torch.float32, device=streams[0].device)
+    if rows == 0:
+        return mixes
+    s = _padded(streams)
+    launch(triton_hc.hc_project_kernel, (-(-rows // PROJECT_BLOCK_R),),
+        *s, fn, mixes, rows, s[0].stride(0), fn.stride(0), mixes.stride(0), eps, D=dim,
+        HC=len(streams), OUT=fn.shape[0], OUT_PAD=max(16, next_pow2(fn.shape[0])),
+        BLOCK_R=PROJECT_BLOCK_R, BLOCK_D=PROJECT_BLOCK_D, direct=direct, num_warps=4,
+        num_stages=2)
+    return mixes
+
+
+hc_project_op = torch.library.custom_op("swa_bench::hc_project", _hc_project, mutates_args=())
+
+
+@hc_project_op.register_fake
+def _(streams, fn, eps, direct):
+    return streams[0].new_empty(streams[0].shape[0], fn.shape[0], dtype=torch.float32)
+
+
+@register_flop_formula(torch.ops.swa_bench.hc_project)
+def _hc_project_flop_formula(stream_shapes, fn_shape, *args, out_shape=None, **kwargs) -> int:
+    """The GEMM the PyTorch path runs: ``[T, hc dim] x [hc dim, n]``."""
+    return 2 * stream_shapes[0][0] * fn_shape[1] * fn_shape[0]
+
+
 def hc_project(kernels: Kernels, streams: Sequence[torch.Tensor], fn: torch.Tensor,
                eps: float) -> torch.Tensor:
     """``F.linear(flat, fn) * rsqrt(mean(flat^2) + eps)`` as fp32 ``[T, fn rows]``, ``flat`` the
     fp32 concatenation of the streams (``model.hyper_connection.project``), without the
     concatenation or its fp32 copy (each ``hc`` times a stream's size): one read of the
-    streams."""
-    from swa_bench.kernels import triton_hc
-
-    rows, dim = streams[0].shape
-    n_out = fn.shape[0]
-    if fn.shape[1] != len(streams) * dim:
+    streams. A custom op with a FLOP formula: torch's counter sees the GEMM it replaces."""
+    if fn.shape[1] != len(streams) * streams[0].shape[1]:
         raise ValueError(f"fn takes {fn.shape[1]} columns, the streams flatten to "
-                         f"{len(streams) * dim}")
-    mixes = torch.empty(rows, n_out, dtype=torch.float32, device=streams[0].device)
-    if rows == 0:
-        return mixes
-    fn = _fp32(fn)
-    s = _padded(streams)
-    launch(triton_hc.hc_project_kernel, (-(-rows // PROJECT_BLOCK_R),),
-        *s, fn, mixes, rows, s[0].stride(0), fn.stride(0), mixes.stride(0), eps, D=dim,
-        HC=len(streams), OUT=n_out, OUT_PAD=max(16, next_pow2(n_out)), BLOCK_R=PROJECT_BLOCK_R,
-        BLOCK_D=PROJECT_BLOCK_D, direct=kernels.direct_launch, num_warps=4, num_stages=2)
-    return mixes
+                         f"{len(streams) * streams[0].shape[1]}")
+    return call_op(hc_project_op, _hc_project, list(streams), _fp32(fn), float(eps),
+                   kernels.direct_launch)
 
 
 def hc_split_sinkhorn(kernels: Kernels, mixes: torch.Tensor, scale: torch.Tensor,

@@ -184,3 +184,13 @@ def test_kernels_on_cuda(dtype):
     want = split_sinkhorn(mixes.cpu(), scale.cpu(), base.cpu(), 4, 20, 1e-6)
     for a, b in zip(mine, want, strict=True):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_projection_counts_the_gemm_it_replaces(interpreter):
+    """torch's FLOP counter sees the kernel's custom op as the PyTorch path's GEMM."""
+    from swa_bench.bench.flops import count_flops
+
+    streams, _, _, _, _ = problem(7, 300, 4, torch.float32)
+    fn = torch.randn(24, 4 * 300)
+    assert count_flops(lambda: hc_project(TRITON, streams, fn, 1e-20)) == 2 * 7 * 1200 * 24
+    assert count_flops(lambda: project(streams, fn, 1e-20)) == 2 * 7 * 1200 * 24
