@@ -9,10 +9,12 @@
 
 Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
 one softmax with a per-head sink. K and V are one shared latent (MQA) with partial RoPE. A layer's
-input is ``hc_mult`` residual streams (mHC), a tuple of tensors. Layers read per-step metadata,
-the KV cache and the replay route from the forward context only, so the same code runs eagerly,
-in graph segments and in the replay batch, and the model holds no per-engine state: many engines
-(and the oracle) share one model, each forward on the cache its context names.
+input is ``hc_mult`` residual streams (mHC), a tuple of tensors, and the pre-mix its attention
+collapses them with (the previous layer's, DeepSeek-V4.1's delayed pre-mix). Layers read
+per-step metadata, the KV cache and the replay route from the forward context only, so the same
+code runs eagerly, in graph segments and in the replay batch, and the model holds no per-engine
+state: many engines (and the oracle) share one model, each forward on the cache its context
+names.
 """
 
 from __future__ import annotations
