@@ -114,9 +114,11 @@ def kv_write_flops(args: ModelArgs, layer: int, num_rows: int) -> int:
 
 
 def hyper_connection_flops(args: ModelArgs, num_rows: int) -> int:
-    """One mHC ``pre``: the dynamic gains of the concatenated streams (none for one stream)."""
+    """One sublayer's mHC mixes: the GEMM of the flattened streams ``[T, hc dim]`` by ``hc_fn``
+    ``[(2 + hc) hc, hc dim]`` (the Sinkhorn rounds and stream sums are elementwise; none for one
+    stream)."""
     hc = args.hc_mult
-    return 0 if hc == 1 else num_rows * 2 * hc * args.dim * 2 * hc
+    return 0 if hc == 1 else num_rows * 2 * hc * args.dim * (2 + hc) * hc
 
 
 def moe_flops(args: ModelArgs, num_rows: int) -> int:
@@ -154,9 +156,9 @@ def step_flops(
         parts["attention"] += sum(attention_core_flops(args, layer, r, device) for r in rows)
         parts["indexer"] += sum(indexer_flops(args, layer, r, device, kernels) for r in rows)
         parts["moe"] += moe_flops(args, n)
-        # Layer S's attention mHC runs on every row (its input feeds the KV write).
-        parts["hc"] += hyper_connection_flops(args, num_all if layer <= s else n)
-        parts["hc"] += hyper_connection_flops(args, n)
+        # Layer S's KV write on every row collapses with the pre-mix it was handed: its own
+        # mixes run in the replay layers, on the kept rows.
+        parts["hc"] += 2 * hyper_connection_flops(args, n)
     num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
     parts["head"] = head_flops(args, num_logits)
     parts["total"] = sum(parts.values())

@@ -113,17 +113,24 @@ def structure(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Diagno
 
 
 def _trimmed_zero(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Diagnostic | None]:
-    """Rows the replay trimmed hold zeros (SPEC section 2), not their input streams."""
+    """Rows the replay trimmed hold zeros (SPEC section 2), not their input streams or
+    pre-mix."""
     if not exp.replays:
         return []
     keep = torch.zeros(out.step.num_tokens, dtype=torch.bool)
     keep[list(exp.rows)] = True
     trimmed = (~keep).nonzero().flatten().to(out.streams[0].device)
     return [
-        compare(f"{prefix}trimmed_rows.stream{i}", s.index_select(0, trimmed),
+        compare(f"{prefix}trimmed_rows.{name}", s.index_select(0, trimmed),
                 torch.zeros_like(s.index_select(0, trimmed)), None)
-        for i, s in enumerate(out.streams)
+        for name, s in _final_rows(out.streams, out.pre_mix)
     ]
+
+
+def _final_rows(streams, pre_mix) -> list[tuple[str, torch.Tensor]]:
+    """A step's per-row outputs by name: the final mHC streams and the final pre-mix the head
+    collapses them with (the replay carries both out of the decoder)."""
+    return [*((f"stream{i}", s) for i, s in enumerate(streams)), ("pre_mix", pre_mix)]
 
 
 def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: Engine,
@@ -131,8 +138,9 @@ def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: 
     diags = structure(prefix, out, ora.expected)
     diags.append(compare(f"{prefix}logits", out.logits, ora.logits, None))
     diags += [
-        compare(f"{prefix}stream{i}", a, b, None)
-        for i, (a, b) in enumerate(zip(out.streams, ora.streams, strict=True))
+        compare(f"{prefix}{name}", a, b, None)
+        for (name, a), (_, b) in zip(_final_rows(out.streams, out.pre_mix),
+                                     _final_rows(ora.streams, ora.pre_mix), strict=True)
     ]
     diags += _trimmed_zero(prefix, out, ora.expected)
     diags += _caches(f"{prefix}cache.", eng, twin, None)
@@ -380,8 +388,10 @@ def check_e3(
             sizes.append(out.plan.graph_size)
             ref = graph.eager_equivalent(requests, toks, indices, on=eager)
             diags.append(compare(f"step{n}.logits", out.logits, ref.logits, None))
-            diags += [compare(f"step{n}.stream{i}", a, b, None)
-                      for i, (a, b) in enumerate(zip(out.streams, ref.streams, strict=True))]
+            diags += [compare(f"step{n}.{name}", a, b, None)
+                      for (name, a), (_, b) in zip(_final_rows(out.streams, out.pre_mix),
+                                                   _final_rows(ref.streams, ref.pre_mix),
+                                                   strict=True)]
             diags += _caches(f"step{n}.cache.", graph, eager, None)
     note = "padded sizes " + ", ".join("eager" if s is None else str(s) for s in sizes)
     return check_result("E3", f"{config.graph_mode} replay == eager", diags, None, note)

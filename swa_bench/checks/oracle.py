@@ -12,7 +12,8 @@ imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test e
   here (its own replay route, ``KeptRows``, in a context of its own: the model is not touched),
   at the padded shape and shape mode the oracle expects. When the engine is right it runs the
   same kernels on the same shapes as the engine, so the two agree **bitwise**; a selection,
-  gather, scatter or routing bug shows as a mismatch whatever the dtype;
+  gather, scatter or routing bug shows as a mismatch whatever the dtype. Its route names what it
+  carries (``KeptRows``: the streams and the delayed mHC pre-mix, in and out);
 * ``bounded_reference_metadata``: the full-batch bounded reference of SPEC E1 (decoder windows
   masked below the oracle's kept starts, decoder ring writes only from kept rows), whose distance
   to ``oracle_forward`` is the rounding envelope of two batch compositions of one function.
@@ -31,6 +32,7 @@ from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
+from swa_bench.model.model import ReplayInputs
 from swa_bench.model.requests import RequestSpec
 
 if TYPE_CHECKING:
@@ -244,24 +246,38 @@ def kept_row_context(
 @dataclass
 class KeptRows:
     """The oracle's replay route (``ForwardContext.replay_batch``): gather the oracle's rows ->
-    the layers under ``context`` -> scatter with zeros at trimmed rows."""
+    the layers under ``context`` -> scatter with zeros at trimmed rows.
+
+    The pre-mix carry restated by name: the layers take each kept row's streams entering S and
+    the pre-mix S's attention collapses them with (the previous block's FFN pre), and give back
+    its final streams and final pre-mix; every one of them is the oracle's row's."""
 
     rows: torch.Tensor
     context: ForwardContext
+    hc: int
 
-    def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor | None):
-        picked = [None if t is None else t.index_select(0, self.rows) for t in inputs]
+    def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor):
+        given = ReplayInputs.of(self.hc, inputs)
+        if given.pre_mix.shape != (kv_s.shape[0], self.hc) or given.pre_mix.dtype != torch.float32:
+            raise ValueError(f"the pre-mix is fp32 [rows, {self.hc}], got "
+                             f"{given.pre_mix.dtype} {tuple(given.pre_mix.shape)}")
+        picked = ReplayInputs(tuple(s.index_select(0, self.rows) for s in given.streams),
+                              given.pre_mix.index_select(0, self.rows))
         with set_forward_context(self.context):
-            outs = run_layers(kv_s, *picked)
-        return tuple(
-            o.new_zeros((kv_s.shape[0], *o.shape[1:])).index_copy_(0, self.rows, o) for o in outs
-        )
+            final = ReplayInputs.of(self.hc, run_layers(kv_s, *picked.tensors()))
+        spread = ReplayInputs(tuple(self._scatter(kv_s, s) for s in final.streams),
+                              self._scatter(kv_s, final.pre_mix))
+        return spread.tensors()
+
+    def _scatter(self, kv_s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return t.new_zeros((kv_s.shape[0], *t.shape[1:])).index_copy_(0, self.rows, t)
 
 
 @dataclass
 class OracleOutput:
     logits: torch.Tensor
     streams: tuple[torch.Tensor, ...]
+    pre_mix: torch.Tensor  # the final pre-mix of every real row (zeros at trimmed rows)
     step: StepBatch
     expected: Expected
     # The kept rows' context when the step replays: its index selections (row j is batch row
@@ -286,7 +302,7 @@ def oracle_forward(
         rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
         kept_ctx = kept_row_context(step, expected, engine.args, engine.cache, engine.kernels)
         kept_ctx.index_queries = {}
-        kept = KeptRows(rows, kept_ctx)
+        kept = KeptRows(rows, kept_ctx, engine.args.hc_mult)
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,
@@ -296,10 +312,10 @@ def oracle_forward(
         replay_batch=kept,
     )
     with torch.inference_mode(), set_forward_context(ctx):
-        logits, streams = engine.model(step.input_ids)
+        logits, streams, pre_mix = engine.model(step.input_ids)
     return OracleOutput(
-        logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step, expected,
-        kept_ctx,
+        logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams),
+        pre_mix[: step.num_tokens], step, expected, kept_ctx,
     )
 
 

@@ -45,6 +45,7 @@ class StepOutput:
     # next step (a serving engine reads them before the next step; no copy on the hot path).
     logits: torch.Tensor  # [logits rows, vocab] in StepBatch.logit_rows() order
     streams: Streams  # final mHC streams of the real rows (zeros at rows replay trimmed)
+    pre_mix: torch.Tensor  # [rows, hc_mult] fp32: the final pre-mix the head collapses with
     step: StepBatch
     plan: StepPlan
     replay_batch: ReplayBatch | None
@@ -53,12 +54,12 @@ class StepOutput:
 
     @classmethod
     def unpadded(
-        cls, logits: torch.Tensor, streams: Streams, step: StepBatch, plan: StepPlan,
-        replay_batch: ReplayBatch | None,
+        cls, logits: torch.Tensor, streams: Streams, pre_mix: torch.Tensor, step: StepBatch,
+        plan: StepPlan, replay_batch: ReplayBatch | None,
     ) -> StepOutput:
         """The real rows of a padded forward's outputs (views: no copy)."""
-        return cls(logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams), step,
-                   plan, replay_batch)
+        return cls(logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams),
+                   pre_mix[: step.num_tokens], step, plan, replay_batch)
 
 
 def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
@@ -160,14 +161,14 @@ class Engine:
         if plan.graph_size is None:
             step = self.prepare(requests, tokens, cache_indices)
             ctx = self.forward_context(step, plan, self.cache, timer)
-            logits, streams = run_forward(self.model, step, ctx)
-            return StepOutput(logits, streams, step, plan, ctx.replay_batch)
+            logits, streams, pre_mix = run_forward(self.model, step, ctx)
+            return StepOutput(logits, streams, pre_mix, step, plan, ctx.replay_batch)
         self.capture()
         padded = self.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
         step = self.graphs.load(padded, plan.graph_size)
         ctx = self.forward_context(step, plan, self.cache, timer)
-        logits, streams = self.graphs.run(plan.graph_size, ctx)
-        return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
+        logits, streams, pre_mix = self.graphs.run(plan.graph_size, ctx)
+        return StepOutput.unpadded(logits, streams, pre_mix, step, plan, ctx.replay_batch)
 
     def eager_equivalent(
         self,
@@ -184,8 +185,8 @@ class Engine:
         plan = self.plan(requests)
         step = target.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
         ctx = self.forward_context(step, plan, target.cache)
-        logits, streams = run_forward(target.model, step, ctx)
-        return StepOutput.unpadded(logits, streams, step, plan, ctx.replay_batch)
+        logits, streams, pre_mix = run_forward(target.model, step, ctx)
+        return StepOutput.unpadded(logits, streams, pre_mix, step, plan, ctx.replay_batch)
 
     def reference_step(
         self,
@@ -211,11 +212,11 @@ class Engine:
             given_selection=dict(given_selection or {}),
             index_queries={} if record_index_queries else None,
         )
-        logits, streams = run_forward(self.model, step, ctx)
+        logits, streams, pre_mix = run_forward(self.model, step, ctx)
         query = tuple(r.query_len for r in requests)
         plan = StepPlan(graph_size=None, shape_mode="varlen", replays=False, kept_lens=query,
                         num_tokens=sum(query), reason="reference: every layer on every row")
-        return StepOutput(logits, streams, step, plan, None, ctx)
+        return StepOutput(logits, streams, pre_mix, step, plan, None, ctx)
 
     def policy_kept_lens(self, requests: Sequence[RequestSpec]) -> tuple[int, ...]:
         return policy_kept_lens(requests, self.config, self.args)

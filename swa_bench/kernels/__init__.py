@@ -1,7 +1,7 @@
 """GPU kernels below the model: attention over a shared K=V latent that never materialises scores,
 the indexer's scores without its per-head intermediate, the routed experts' grouped GEMM where
-``torch._grouped_mm`` does not run, and the mHC stream sums, the MoE's routing, the routed
-experts' elementwise steps, the attention latents' norms and RoPE, and the window keys' row
+``torch._grouped_mm`` does not run, and mHC's Sinkhorn and stream sums, the MoE's routing, the
+routed experts' elementwise steps, the attention latents' norms and RoPE, and the window keys' row
 index in one pass each.
 
 The model keeps its PyTorch implementations as the CPU path and as the oracle these kernels are
@@ -18,12 +18,10 @@ from swa_bench.kernels.config import (
 )
 from swa_bench.kernels.hyper_connection import (
     fused_hc,
-    hc_gains,
-    hc_gated_pre,
     hc_post,
-    hc_post_gated_pre,
     hc_pre,
-    hc_pre_folds_norm,
+    hc_project,
+    hc_split_sinkhorn,
 )
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
 from swa_bench.kernels.latents import fused_latents, norm_latents
@@ -42,8 +40,8 @@ from swa_bench.kernels.window_index import window_index_rows
 
 __all__ = ["TORCH_KERNELS", "KernelSettings", "Kernels", "TileConfig", "expert_gemm",
            "fused_hc", "fused_latents",
-           "fused_moe", "fused_rope", "gate_in_route", "hc_gains", "hc_gated_pre", "hc_post",
-           "hc_post_gated_pre", "hc_pre", "hc_pre_folds_norm", "index_score_flops",
+           "fused_moe", "fused_rope", "gate_in_route", "hc_post", "hc_pre", "hc_project",
+           "hc_split_sinkhorn", "index_score_flops",
            "index_scores_fused", "moe_combine", "moe_route", "moe_sort", "mqa_attention",
            "mqa_attention_flops", "norm_latents", "rope_", "silu_mul",
            "triton_available", "window_index_rows"]

@@ -50,6 +50,10 @@ class ModelArgs:
     route_scale: float = 1.0
     swiglu_limit: float = 0.0
     hc_mult: int = 4
+    # mHC's coefficients (DeepSeek-V4.1 `hc_split_sinkhorn`): Sinkhorn rounds of the per-row
+    # residual mixing, and the eps added to the pre gains and to every Sinkhorn sum.
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
     # The real model's sparse attention: S and the decoder read only the index_topk global positions
     # an indexer scores highest. None is dense causal attention over S's global KV.
     index_topk: int | None = None
@@ -73,7 +77,7 @@ class ModelArgs:
     rope_factor: float = 16.0
     beta_fast: int = 32
     beta_slow: int = 1
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-20  # the reference's: RMSNorms and mHC's rsqrt statistic
     max_seq_len: int = 256
     max_requests: int = 16
 
@@ -102,6 +106,7 @@ class ModelArgs:
             "n_activated_experts",
             "moe_inter_dim",
             "hc_mult",
+            "hc_sinkhorn_iters",
             "max_seq_len",
             "max_requests",
             "index_n_heads",

@@ -1,134 +1,138 @@
-"""mHC: the residual carried as ``hc_mult`` streams, mixed into each sublayer's input and
-written back after it."""
+"""mHC: the residual carried as ``hc_mult`` streams (DeepSeek-V4.1 inference/model.py
+`Block.hc_mixes`, `Block.hc_pre`, `Block.hc_post`; kernel_cpu.py `hc_split_sinkhorn`).
+
+Each sublayer derives three coefficient sets from the streams it receives: ``pre`` (how to
+collapse streams into a sublayer input), ``post`` (how much of the sublayer output each stream
+takes) and ``comb`` (a per-row doubly-stochastic mixing of the residual streams). The pre of a
+sublayer is used by the *next* one (the delayed pre-mix): attention collapses with the previous
+block's FFN pre, the FFN with this block's attention pre, the head with the last FFN's.
+
+Pure functions of (streams, coefficients, weights); the model owns the weights under the
+reference's names (``hc_attn_fn``, ``hc_attn_base``, ``hc_attn_scale``, ``hc_ffn_*``).
+``hc_mult == 1`` is a plain pre-norm residual: pre all ones, ``stream + out``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
-from swa_bench.kernels import (
-    fused_hc,
-    hc_gains,
-    hc_gated_pre,
-    hc_post,
-    hc_post_gated_pre,
-    hc_pre,
-    hc_pre_folds_norm,
-)
+from swa_bench.kernels import fused_hc, hc_post, hc_pre, hc_project, hc_split_sinkhorn
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.derived import derived_from_weights
 from swa_bench.model.forward_context import active_kernels
-from swa_bench.model.norm import RMSNorm
 
 Streams = tuple[torch.Tensor, ...]
 
-HC_ROWS = 8192
+HC_ROWS = 8192  # rows a projection chunk flattens: hc * dim fp32 values a row
 
 
-class HyperConnection(nn.Module):
-    """mHC around one sublayer: mixes the streams into its input and writes its output back.
+@dataclass(frozen=True)
+class Mixes:
+    """One sublayer's coefficients of every row, fp32: ``pre [T, hc]``, ``post [T, hc]``,
+    ``comb [T, hc, hc]`` (``comb[r, j, i]``: stream ``j``'s share of new stream ``i``)."""
 
-    ``pre`` takes a per-row weighted sum of the streams (dynamic weights from the normed streams);
-    ``post`` mixes the streams with a doubly-stochastic matrix and adds the sublayer output with
-    per-row, per-stream gains. ``hc_mult == 1`` is a plain pre-norm residual.
-    """
+    pre: torch.Tensor
+    post: torch.Tensor
+    comb: torch.Tensor
 
-    def __init__(self, args: ModelArgs) -> None:
-        super().__init__()
-        hc, self.hc = args.hc_mult, args.hc_mult
-        if hc > 1:
-            self.norm = RMSNorm(hc * args.dim, args.norm_eps)
-            self.dynamic = nn.Linear(hc * args.dim, 2 * hc, bias=False)
-            self.static_pre = nn.Parameter(torch.zeros(hc))
-            self.static_post = nn.Parameter(torch.zeros(hc))
-            self.res_logits = nn.Parameter(torch.zeros(hc, hc))
 
-    def gains(self, streams: Streams) -> torch.Tensor:
-        """The dynamic gains ``[T, 2 hc]`` by row chunks: the normed concatenation is ``hc``
-        times a stream's size (5 GiB per 64K rows at V4.1-Flash's width)."""
-        rows = streams[0].shape[0]
-        if rows <= HC_ROWS:
-            return self.dynamic(self.norm(torch.cat(streams, dim=-1))).float()
-        return torch.cat([
-            self.dynamic(self.norm(torch.cat([s[r : r + HC_ROWS] for s in streams], dim=-1)))
-            for r in range(0, rows, HC_ROWS)
-        ]).float()
+@dataclass(frozen=True)
+class HyperConnection:
+    """The mHC constants of a model; the weights are passed in (the block owns them)."""
 
-    def pre(self, streams: Streams, norm: RMSNorm | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The sublayer's input, normed by ``norm`` when given, and the ``post`` gains."""
+    hc: int
+    sinkhorn_iters: int
+    eps: float  # hc_eps: added to pre and inside Sinkhorn
+    norm_eps: float  # of the one rsqrt statistic over the flattened streams
+
+    @classmethod
+    def from_args(cls, args: ModelArgs) -> HyperConnection:
+        return cls(args.hc_mult, args.hc_sinkhorn_iters, args.hc_eps, args.norm_eps)
+
+    def identity_pre_mix(self, like: torch.Tensor) -> torch.Tensor:
+        """The first block's attention pre-mix (`make_identity_pre_mix`): one-hot on stream 0,
+        ``[T, hc]`` fp32; all ones for one stream (the plain residual)."""
+        pre_mix = like.new_zeros(like.shape[0], self.hc, dtype=torch.float32)
+        pre_mix[:, 0] = 1.0
+        return pre_mix
+
+    def mixes(self, streams: Streams, fn: torch.Tensor, scale: torch.Tensor,
+              base: torch.Tensor) -> Mixes:
+        """`hc_mixes`: the flattened streams (fp32) projected by ``fn [(2+hc) hc, hc dim]``,
+        times one ``rsqrt(mean square + norm_eps)`` per row (no norm weight), then split."""
+        kernels = active_kernels()
+        if fused_hc(kernels, streams) and kernels.inference(fn, scale, base):
+            raw = hc_project(kernels, streams, fn, self.norm_eps)
+            pre, post, comb = hc_split_sinkhorn(kernels, raw, scale, base, self.hc,
+                                                self.sinkhorn_iters, self.eps)
+        else:
+            raw = project(streams, fn, self.norm_eps)
+            pre, post, comb = split_sinkhorn(raw, scale, base, self.hc, self.sinkhorn_iters,
+                                             self.eps)
+        return Mixes(pre, post, comb)
+
+    def pre(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
+        """`hc_pre`: ``sum_j pre_mix[:, j] * stream_j`` in fp32, rounded to the streams' dtype."""
         if self.hc == 1:
-            return (streams[0] if norm is None else norm(streams[0])), None
+            return streams[0]
         kernels = active_kernels()
         if fused_hc(kernels, streams):
-            statics = (self.static_pre, self.static_post)
-            if hc_pre_folds_norm(streams[0].shape[1]):  # narrow rows: gates, sum, norm at once
-                return hc_gated_pre(kernels, streams, self.norm.weight, self.dynamic.weight,
-                                    self.norm.eps, statics,
-                                    None if norm is None else (norm.weight, norm.eps))
-            gates = hc_gains(kernels, streams, self.norm.weight, self.dynamic.weight,
-                             self.norm.eps, statics)  # the gates in one kernel, the sum in another
-            x = hc_pre(kernels, streams, gates[:, : self.hc])
-            return (x if norm is None else norm(x)), gates[:, self.hc :]
-        gains = self.gains(streams)
-        pre = torch.sigmoid(gains[:, : self.hc] + self.static_pre)
-        post = 2 * torch.sigmoid(gains[:, self.hc :] + self.static_post)
-        x = weighted_sum(streams, [pre[:, j : j + 1] for j in range(self.hc)])
-        return (x if norm is None else norm(x)), post
+            return hc_pre(kernels, streams, pre_mix)
+        return weighted_sum(streams, [pre_mix[:, j : j + 1] for j in range(self.hc)])
 
-    def post_then_pre(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None,
-                      nxt: HyperConnection, norm: RMSNorm
-                      ) -> tuple[Streams, torch.Tensor, torch.Tensor | None]:
-        """``post`` of this sublayer, then ``nxt.pre(new streams, norm)``: the new streams, the
-        next sublayer's input and its post gains. One launch instead of three where the fused
-        kernels take the streams and a program holds a row (``hc_pre_folds_norm``)."""
-        kernels = active_kernels()
-        if (self.hc > 1 and hc_pre_folds_norm(streams[0].shape[1])
-                and fused_hc(kernels, streams, out)):
-            return hc_post_gated_pre(
-                kernels, streams, out, post, self.mixing(), nxt.norm.weight, nxt.dynamic.weight,
-                nxt.norm.eps, (nxt.static_pre, nxt.static_post), (norm.weight, norm.eps))
-        streams = self.post(streams, out, post)
-        return (streams, *nxt.pre(streams, norm))
-
-    def post(self, streams: Streams, out: torch.Tensor, post: torch.Tensor | None) -> Streams:
+    def post(self, out: torch.Tensor, streams: Streams, mixes: Mixes | None) -> Streams:
+        """`hc_post`: new stream ``i = post[:, i] * out + sum_j comb[:, j, i] * stream_j`` (fp32
+        sums, rounded once)."""
         if self.hc == 1:
             return (streams[0] + out,)
-        mix = self.mixing()
         kernels = active_kernels()
         if fused_hc(kernels, streams, out):
-            return hc_post(kernels, streams, out, post, mix)
+            return hc_post(kernels, streams, out, mixes.post, mixes.comb)
         return tuple(
-            weighted_sum((out, *streams), [post[:, i : i + 1], *mix[i]]) for i in range(self.hc)
-        )
+            weighted_sum((out, *streams),
+                         [mixes.post[:, i : i + 1],
+                          *(mixes.comb[:, j, i : i + 1] for j in range(self.hc))])
+            for i in range(self.hc))
 
-    def mixing(self) -> torch.Tensor:
-        """``sinkhorn(res_logits)``, a function of the weights alone: computed once, again only
-        when ``res_logits`` changes (its version counter), not by every forward. A forward that
-        trains ``res_logits`` always computes it (it needs the gradient, and a captured training
-        step must hold the computation, not a constant)."""
-        logits = self.res_logits
-        if logits.requires_grad and torch.is_grad_enabled():
-            return sinkhorn(logits.float())
-        return derived_from_weights(self, "_mixing", (logits,), lambda: sinkhorn(logits.float()))
+
+def project(streams: Streams, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """``F.linear(flat, fn) * rsqrt(mean(flat^2) + norm_eps)`` with ``flat`` the fp32
+    concatenation of the streams, by row chunks: ``flat`` is ``hc`` times a stream's size, in
+    fp32 (a 64K-row V4.1-Flash prefill would hold 4 GiB at once)."""
+    rows = streams[0].shape[0]
+    chunks = []
+    for r in range(0, max(rows, 1), HC_ROWS):
+        flat = torch.cat([s[r : r + HC_ROWS] for s in streams], dim=-1).float()
+        rsqrt = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+        chunks.append(F.linear(flat, fn.float()) * rsqrt)
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
+def split_sinkhorn(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, hc: int,
+                   iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernel_cpu.py `hc_split_sinkhorn`: ``pre = sigmoid + eps``, ``post = 2 sigmoid``, ``comb``
+    a row softmax plus ``eps``, column-normalised, then ``iters - 1`` times row- then
+    column-normalised, ``eps`` added to every sum. The PyTorch path and the kernels' oracle."""
+    mixes, scale, base = mixes.float(), scale.float(), base.float()
+    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * torch.sigmoid(mixes[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    logits = mixes[:, 2 * hc :] * scale[2] + base[2 * hc :]
+    comb = logits.unflatten(-1, (hc, hc)).softmax(-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return pre, post, comb
 
 
 def weighted_sum(terms: Sequence[torch.Tensor], gains: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``sum_j gains[j] * terms[j]`` accumulated in fp32 (gains fp32, per row ``[T, 1]`` or 0-dim)
-    and rounded once to the terms' dtype. Mixed-dtype kernels read the bf16 terms directly: no
-    fp32 copy of a stream is ever materialised."""
+    """``sum_j gains[j] * terms[j]`` accumulated in fp32 (gains fp32, per row ``[T, 1]``) and
+    rounded once to the terms' dtype. Mixed-dtype kernels read the bf16 terms directly: no fp32
+    copy of a stream is ever materialised."""
     acc = terms[0] * gains[0]
     for term, gain in zip(terms[1:], gains[1:], strict=True):
         acc.addcmul_(term, gain)
     return acc.to(terms[0].dtype)
-
-
-def sinkhorn(logits: torch.Tensor, iters: int = 8) -> torch.Tensor:
-    """A doubly-stochastic matrix from logits: residual mixing keeps the streams' total mass."""
-    m = logits.exp()
-    for _ in range(iters):
-        m = m / m.sum(dim=1, keepdim=True)
-        m = m / m.sum(dim=0, keepdim=True)
-    return m

@@ -9,39 +9,65 @@
 
 Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
 one softmax with a per-head sink. K and V are one shared latent (MQA) with partial RoPE. A layer's
-input is ``hc_mult`` residual streams (mHC), a tuple of tensors. Layers read per-step metadata,
-the KV cache and the replay route from the forward context only, so the same code runs eagerly,
-in graph segments and in the replay batch, and the model holds no per-engine state: many engines
-(and the oracle) share one model, each forward on the cache its context names.
+input is ``hc_mult`` residual streams (mHC), a tuple of tensors, and the pre-mix its attention
+collapses them with (the previous layer's, DeepSeek-V4.1's delayed pre-mix). Layers read
+per-step metadata, the KV cache and the replay route from the forward context only, so the same
+code runs eagerly, in graph segments and in the replay batch, and the model holds no per-engine
+state: many engines (and the oracle) share one model, each forward on the cache its context
+names.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.graph_breaks import eager_break
-from swa_bench.model.hyper_connection import HyperConnection, Streams
+from swa_bench.model.hyper_connection import HyperConnection, Mixes, Streams
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
 
-__all__ = ["Block", "ReplayLayers", "Streams", "Transformer", "build_model", "init_weights",
-           "replay_layers"]
+__all__ = ["Block", "ReplayInputs", "ReplayLayers", "Streams", "Transformer", "build_model",
+           "init_weights", "materialize", "replay_layers"]
 
-# Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> streams.
-ReplayLayers = Callable[..., Streams]
+# Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> per-row
+# outputs; the per-row tensors are a ``ReplayInputs`` flattened (the replay route gathers and
+# scatters each one, whatever it holds).
+ReplayLayers = Callable[..., tuple[torch.Tensor, ...]]
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    """What the replay layers read of each row, by name: the mHC streams entering layer S and the
+    pre-mix S's attention collapses them with (the replay recomputes S's attention input on the
+    kept rows from them). Out of the replay layers the same shape: the final streams and the
+    final pre-mix. Flat tensors for the route (``tensors``), named again inside (``of``)."""
+
+    streams: Streams
+    pre_mix: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*self.streams, self.pre_mix)
+
+    @classmethod
+    def of(cls, hc: int, tensors: Sequence[torch.Tensor]) -> ReplayInputs:
+        if len(tensors) != hc + 1:
+            raise ValueError(f"replay inputs are {hc} streams and a pre-mix, got {len(tensors)}")
+        return cls(tuple(tensors[:hc]), tensors[hc])
 
 
 def replay_layers(
     run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor
-) -> Streams:
+) -> tuple[torch.Tensor, ...]:
     """The one route to the rest of S and the decoder: the whole batch, or the context's replay
     route when the context's builder decided the step runs on kept rows. Captured inside a graph
     segment when the step has no replay batch; an eager break when it has one."""
@@ -53,49 +79,74 @@ def replay_layers(
 @eager_break("replay_layers")
 def on_replay_batch(
     run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor
-) -> Streams:
+) -> tuple[torch.Tensor, ...]:
     """The replay-batch route, read from the context at every call (a PIECEWISE graph replays the
     break under each step's context, so its kept rows are the step's, not the capture's)."""
     return get_forward_context().replay_batch.run(run_layers, batch_kv, *inputs)
 
 
 class Block(nn.Module):
+    """A block between two mHC sublayers (DeepSeek-V4.1 inference/model.py `Block.forward`).
+
+    Each sublayer's ``hc_mixes`` of the streams it receives gives the post and comb it writes
+    back with and the pre the *next* sublayer collapses with: attention collapses with the
+    ``pre_mix`` handed in (the previous block's FFN pre), the FFN with this attention's pre, and
+    the block hands its FFN pre on.
+    """
+
     def __init__(
         self, args: ModelArgs, layer: int, experts: RoutedExperts | None = None
     ) -> None:
         super().__init__()
         self.layer = layer
-        self.attn_hc, self.ffn_hc = HyperConnection(args), HyperConnection(args)
+        self.hc = HyperConnection.from_args(args)
+        if args.hc_mult > 1:
+            mix_hc, hc_dim = (2 + args.hc_mult) * args.hc_mult, args.hc_mult * args.dim
+            for part in ("attn", "ffn"):  # fp32 whatever the model dtype, as the reference's
+                self.register_parameter(f"hc_{part}_fn", nn.Parameter(
+                    torch.empty(mix_hc, hc_dim, dtype=torch.float32)))
+                self.register_parameter(f"hc_{part}_base", nn.Parameter(
+                    torch.empty(mix_hc, dtype=torch.float32)))
+                self.register_parameter(f"hc_{part}_scale", nn.Parameter(
+                    torch.empty(3, dtype=torch.float32)))
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, layer)
         self.moe = MoE(args, experts)
 
-    def forward(self, streams: Streams) -> Streams:
-        x, post = self.attn_hc.pre(streams, self.attn_norm)
-        return self.finish(streams, x, post)
+    def hc_mixes(self, part: str, streams: Streams) -> Mixes | None:
+        """``part``'s (attn or ffn) coefficients of ``streams``; none for one stream."""
+        if self.hc.hc == 1:
+            return None
+        return self.hc.mixes(streams, getattr(self, f"hc_{part}_fn"),
+                             getattr(self, f"hc_{part}_scale"), getattr(self, f"hc_{part}_base"))
 
-    def write_batch_kv(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer S's part that runs on every row: its attention input and its KV for every row."""
-        x, post = self.attn_hc.pre(streams, self.attn_norm)
-        return x, post, self.attn.project_kv(x)
+    def attn_input(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
+        return self.attn_norm(self.hc.pre(streams, pre_mix))
 
-    def finish(
-        self,
-        streams: Streams,
-        x: torch.Tensor,
-        post: torch.Tensor | None,
-        kv: torch.Tensor | None = None,
-    ) -> Streams:
-        streams, h, post = self.attn_hc.post_then_pre(streams, self.attn(x, kv), post,
-                                                      self.ffn_hc, self.ffn_norm)
-        return self.ffn_hc.post(streams, self.moe(h), post)
+    def forward(
+        self, streams: Streams, pre_mix: torch.Tensor, kv: torch.Tensor | None = None
+    ) -> tuple[Streams, torch.Tensor]:
+        """(streams, pre_mix) -> (streams, this block's FFN pre). ``kv`` is given for layer S in
+        the replay layers: the batch KV it wrote for every row (``write_batch_kv``)."""
+        attn_mix = self.hc_mixes("attn", streams)
+        streams = self.hc.post(self.attn(self.attn_input(streams, pre_mix), kv), streams,
+                               attn_mix)
+        ffn_mix = self.hc_mixes("ffn", streams)
+        h = self.ffn_norm(self.hc.pre(streams, pre_mix if attn_mix is None else attn_mix.pre))
+        streams = self.hc.post(self.moe(h), streams, ffn_mix)
+        return streams, (pre_mix if ffn_mix is None else ffn_mix.pre)
+
+    def write_batch_kv(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
+        """Layer S's part that runs on every row: its attention input and its KV of every row."""
+        return self.attn.project_kv(self.attn_input(streams, pre_mix))
 
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
+        self.hc = HyperConnection.from_args(args)
         self.embed = nn.Embedding(args.vocab_size, args.dim)
         pools = args.expert_weight_pools
         self.expert_pools = nn.ModuleList(RoutedExperts(args) for _ in range(pools or 0))
@@ -103,7 +154,6 @@ class Transformer(nn.Module):
             Block(args, i, self.expert_pools[i % pools] if pools else None)
             for i in range(args.n_layers)
         )
-        self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
 
@@ -111,35 +161,42 @@ class Transformer(nn.Module):
     def last_kv_source(self) -> Block:
         return self.layers[self.args.last_kv_source]
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams]:
-        """Logits at the context's logits rows, and the final streams of every row."""
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams, torch.Tensor]:
+        """Logits at the context's logits rows, the final streams and the final pre-mix of every
+        row (`Transformer.forward`: the embedding as ``hc_mult`` streams, a one-hot pre-mix)."""
         x = self.embed(input_ids)
         streams: Streams = (x,) * self.args.hc_mult  # read-only: the first post makes new ones
+        pre_mix = self.hc.identity_pre_mix(x)
         for block in self.layers[: self.args.last_kv_source]:
-            streams = block(streams)
-        x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)
-        streams = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s)
-        return self.compute_logits(streams), streams
+            streams, pre_mix = block(streams, pre_mix)
+        kv_s = self.last_kv_source.write_batch_kv(streams, pre_mix)
+        out = replay_layers(self.run_replay_layers, kv_s,
+                            *ReplayInputs(streams, pre_mix).tensors())
+        final = ReplayInputs.of(self.args.hc_mult, out)
+        return self.compute_logits(final.streams, final.pre_mix), final.streams, final.pre_mix
 
-    def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor) -> Streams:
-        """The rest of S and the decoder on the rows given (the batch, or the replay batch).
-
-        ``kv_s`` is S's KV of every batch row; the other inputs are per-row: the mHC streams,
-        S's attention input and its post gains.
-        """
-        hc = self.args.hc_mult
-        streams, x_s, post_s = tuple(inputs[:hc]), inputs[hc], inputs[hc + 1]
-        streams = self.last_kv_source.finish(streams, x_s, post_s if hc > 1 else None, kv_s)
+    def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor
+                          ) -> tuple[torch.Tensor, ...]:
+        """The rest of S and the decoder on the rows given (the batch, or the replay batch):
+        ``kv_s`` is S's KV of every batch row, ``inputs`` a flat ``ReplayInputs`` of these rows;
+        S's attention input is computed again here from them. Returns the flat final
+        ``ReplayInputs`` (streams and pre-mix) of these rows."""
+        rows = ReplayInputs.of(self.args.hc_mult, inputs)
+        streams, pre_mix = self.last_kv_source(rows.streams, rows.pre_mix, kv_s)
         for block in self.layers[self.args.last_kv_source + 1 :]:
-            streams = block(streams)
-        return streams
+            streams, pre_mix = block(streams, pre_mix)
+        return ReplayInputs(streams, pre_mix).tensors()
 
-    def compute_logits(self, streams: Streams) -> torch.Tensor:
+    def compute_logits(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
+        """The logits rows' streams collapsed with the final pre-mix, normed, then the head in
+        fp32 (`ParallelHead`: the weight applied to ``x.float()``)."""
         rows = get_forward_context().logits_indices
-        picked = torch.stack([s.index_select(0, rows) for s in streams], dim=1)
-        weights = torch.softmax(self.head_hc.float(), dim=0)
-        h = (picked.float() * weights[None, :, None]).sum(dim=1).to(picked.dtype)
-        return self.head(self.norm(h)).float()
+        picked = tuple(s.index_select(0, rows) for s in streams)
+        h = self.norm(self.hc.pre(picked, pre_mix.index_select(0, rows)))
+        return F.linear(h.float(), self.head.weight.float())
+
+
+FP32_PARAMETERS = ("head.weight",)  # `ParallelHead`: the logits come out in fp32 directly
 
 
 # The aux-free routing bias: a few times smaller than the spread of the seeded scores (about 0.3),
@@ -158,13 +215,23 @@ def init_weights(model: Transformer, seed: int) -> None:
                 p.fill_(1.0)
                 continue
             p.normal_(generator=gen)
-            if name.endswith(("sink", "res_logits", "static_pre", "static_post", "head_hc")):
+            if name.endswith(("sink", "_base", "_scale")):
                 p.mul_(0.5)
             elif name.endswith("moe.gate.bias"):
                 p.mul_(GATE_BIAS_STD)
             elif name != "embed.weight":
                 fan_in = p.shape[-2] if name.endswith("wo_a") else p.shape[-1]
                 p.mul_(1 / math.sqrt(fan_in))
+
+
+def materialize(model: Transformer, dtype: torch.dtype, device: torch.device) -> Transformer:
+    """A meta-device model allocated on ``device`` in ``dtype``, but for the parameters the
+    reference keeps fp32 in any dtype (mHC's, the head's): no fp32 copy of the rest is made."""
+    model = model.to(dtype)
+    for name, p in model.named_parameters():
+        if name in FP32_PARAMETERS or name.rsplit(".", 1)[-1].startswith("hc_"):
+            p.data = p.data.float()
+    return model.to_empty(device=device)
 
 
 def build_model(
@@ -179,7 +246,7 @@ def build_model(
     device = torch.device(device)
     with torch.device("meta"):
         model = Transformer(args)
-    model = model.to(dtype).to_empty(device=device)  # allocated in dtype: no fp32 copy
+    model = materialize(model, dtype, device)
     init_weights(model, seed)
     model.eval().requires_grad_(False)
     return model, KVCache(args, device, dtype)

@@ -25,7 +25,7 @@ from torch import nn
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
 from swa_bench.model.latent_attention import Attention
-from swa_bench.model.model import Transformer, build_model
+from swa_bench.model.model import Transformer, build_model, materialize
 from swa_bench.model.moe import Gate, MoE, RoutedExperts, grouped_mm, swiglu
 from swa_bench.parallel.collectives import all_reduce_sum
 from swa_bench.parallel.layout import ParallelLayout
@@ -133,7 +133,7 @@ def build_sharded_model(
             block.attn = TensorParallelAttention(args, i, group)
             pool = pools[i % len(pools)] if len(pools) else None
             block.moe = ExpertParallelMoE(args, layout, tp_rank, group, pool)
-    model = model.to(dtype).to_empty(device=torch.device(device))
+    model = materialize(model, dtype, torch.device(device))
     shards = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in full.named_parameters():

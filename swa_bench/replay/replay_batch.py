@@ -6,12 +6,16 @@ Built on the host from the step's requests and the kept lengths the engine's ste
 nothing here waits on the device.
 
 The replay layers (the rest of layer S and the decoder) take S's KV of every batch row plus per-row
-inputs (the mHC streams, S's attention input and gains). ``ReplayBatch.run`` gathers the per-row
-inputs by kept rows, runs the layers under the replay batch's context, and scatters the outputs
-back: zeros at trimmed rows, which nothing reads. Layer S's batch KV write runs before this on
-every row (and stays inside a captured segment). The engine puts the batch in the step's forward
-context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an eager break, so
-the gather, the kept-row layers and the scatter run eagerly at every graph replay).
+inputs (``model.ReplayInputs`` flattened: the mHC streams entering S and the pre-mix S's attention
+collapses them with, a ``[T, hc]`` fp32 tensor; S computes its attention input again on the kept
+rows from them) and give back the final streams and final pre-mix. ``ReplayBatch.run`` gathers
+every per-row input by kept rows, whatever its shape and dtype, runs the layers under the replay
+batch's context, and scatters every output back: zeros at trimmed rows, which nothing reads.
+Layer S's batch KV write runs before this on every row (and stays inside a captured segment),
+its attention input collapsed there with the same pre-mix. The engine puts the batch in the
+step's forward context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an
+eager break, so the gather, the kept-row layers and the scatter run eagerly at every graph
+replay).
 """
 
 from __future__ import annotations
@@ -50,13 +54,13 @@ class ReplayBatch:
         self,
         run_layers: Callable[..., tuple[torch.Tensor, ...]],
         batch_kv: torch.Tensor,
-        *inputs: torch.Tensor | None,
+        *inputs: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         """``run_layers`` on the kept rows (``ReplayRoute``): gather, run, scatter, each timed
-        under the step's timer."""
+        under the step's timer. Row ``j`` of every gathered input is batch row ``rows[j]``."""
         timer = get_forward_context().timer
         with region(timer, "gather"):
-            gathered = [None if t is None else t.index_select(0, self.rows) for t in inputs]
+            gathered = [t.index_select(0, self.rows) for t in inputs]
         with region(timer, "layers"), set_forward_context(self.forward_context):
             outputs = run_layers(batch_kv, *gathered)
         with region(timer, "scatter"):

@@ -66,8 +66,8 @@ prefill computes, sparse selection included (a test holds it to the engine). The
 top-k is not differentiable: it is trained by the KL from each index source's dense attention
 over the visible global positions to the indexer's softmax (DeepSeek's signal), its inputs
 detached. Routed experts have no load-balancing loss. mHC starts as a plain residual
-(`start_as_plain_residual`: mixing {cfg.residual_init:g} x I before sinkhorn, pre gains 1/hc,
-post gains 1, dynamic gains 0); from the seeded dummy weights' random mix, CPU ablations
+(`start_as_plain_residual`: comb logits {cfg.residual_init:g} x I before Sinkhorn, pre gains
+1/hc, post gains 1, per-row projections 0); from the seeded dummy weights' random mix, CPU ablations
 learned no recall.
 
 Loss by step: {curve}.

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from swa_bench.model.key_sources import visible_counts, visible_mask
 from swa_bench.model.model import Transformer
@@ -79,7 +80,8 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
     dev = tokens.device
     positions = torch.arange(t, device=dev).repeat(b)
     x = model.embed(tokens).flatten(0, 1)
-    streams = tuple(x.clone() for _ in range(args.hc_mult))
+    streams = (x,) * args.hc_mult  # read-only: the first post makes new ones
+    pre_mix = model.hc.identity_pre_mix(x)  # the delayed mHC pre-mix, as the engine carries it
     latents: dict[int, torch.Tensor] = {}
     index_keys: dict[int, torch.Tensor] = {}
     selections: dict[int, torch.Tensor] = {}
@@ -87,7 +89,8 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
     kls = []
     for block in model.layers:
         attn = block.attn
-        h, post = block.attn_hc.pre(streams, block.attn_norm)
+        attn_mix = block.hc_mixes("attn", streams)
+        h = block.attn_input(streams, pre_mix)
         q_latent = attn.q_norm(attn.wq_a(h))
         q = attn.project_q(q_latent, positions).view(b, t, attn.n_heads, attn.head_dim)
         latent = attn.kv_norm(attn.wkv(h))
@@ -136,13 +139,13 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
             o = o + torch.einsum("bhtn,bnd->bthd", probs[..., t:-1].to(kv.dtype), values[1])
         o = attn.rope(o.reshape(b * t, attn.n_heads, attn.head_dim), positions, inverse=True)
         o = attn.project_out(o)
-        streams = block.attn_hc.post(streams, o, post)
-        f, post = block.ffn_hc.pre(streams, block.ffn_norm)
-        streams = block.ffn_hc.post(streams, dense_moe(block.moe, f), post)
-    picked = torch.stack(streams, dim=1)
-    weights = torch.softmax(model.head_hc.float(), dim=0)
-    last = (picked.float() * weights[None, :, None]).sum(dim=1).to(picked.dtype)
-    logits = model.head(model.norm(last)).float().view(b, t, -1)
+        streams = block.hc.post(o, streams, attn_mix)
+        ffn_mix = block.hc_mixes("ffn", streams)
+        f = block.ffn_norm(block.hc.pre(streams, pre_mix if attn_mix is None else attn_mix.pre))
+        streams = block.hc.post(dense_moe(block.moe, f), streams, ffn_mix)
+        pre_mix = pre_mix if ffn_mix is None else ffn_mix.pre
+    last = model.norm(model.hc.pre(streams, pre_mix))
+    logits = F.linear(last.float(), model.head.weight.float()).view(b, t, -1)
     kl = torch.stack(kls).mean() if kls else logits.new_zeros(())
     return TrainOutput(logits, kl)
 

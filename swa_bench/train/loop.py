@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from swa_bench.model.args import PRESETS, ModelArgs
-from swa_bench.model.hyper_connection import HyperConnection
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.tasks import data
 from swa_bench.train.forward import train_forward
@@ -39,7 +38,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     index_loss_weight: float = 1.0
-    residual_init: float = 4.0  # mHC res_logits start at this times the identity
+    residual_init: float = 4.0  # mHC comb logits start at this times the identity
     max_facts: int = 16  # facts (and queries) written into each training sequence, at most
     length_warmup: tuple[tuple[int, int], ...] = ((64, 2000), (128, 1000))
     device: str = "cpu"
@@ -257,17 +256,22 @@ class TrainStep:
 @torch.no_grad()
 def start_as_plain_residual(model: Transformer, diagonal: float) -> None:
     """mHC starts as a plain pre-norm residual, as mHC is initialised: every stream stays in place
-    (residual mixing ``diagonal * I`` before sinkhorn: 0.95 of each of 4 streams), each sublayer
-    reads the streams' mean (static pre gains 1/hc), adds its output to every stream (post gain
-    1), and the per-row dynamic gains start at zero. From the seeded dummy weights' random mix
-    and gains, CPU ablations (T = 64, 1250 steps) learned no recall; from this start, 0.19-0.40."""
-    for module in model.modules():
-        if isinstance(module, HyperConnection) and module.hc > 1:
-            hc = module.hc
-            module.res_logits.copy_(diagonal * torch.eye(hc, device=module.res_logits.device))
-            module.dynamic.weight.zero_()
-            module.static_pre.fill_(-math.log(hc - 1))  # sigmoid: 1 / hc
-            module.static_post.zero_()  # 2 sigmoid(0) = 1
+    (comb logits ``diagonal * I`` before the row softmax and Sinkhorn: 0.95 of each of 4 streams
+    at 4), each sublayer reads the streams' mean (pre gains 1/hc), adds its output to every
+    stream (post gain 1), and the per-row projections ``hc_*_fn`` start at zero (their scales at
+    one, so the projections learn). From the seeded dummy weights' random mixes, CPU ablations
+    (T = 64, 1250 steps) learned no recall; from this start, 0.19-0.40."""
+    hc = model.args.hc_mult
+    if hc == 1:
+        return
+    for block in model.layers:
+        for part in ("attn", "ffn"):
+            fn, base = getattr(block, f"hc_{part}_fn"), getattr(block, f"hc_{part}_base")
+            fn.zero_()
+            getattr(block, f"hc_{part}_scale").fill_(1.0)
+            base[:hc] = -math.log(hc - 1)  # sigmoid: 1 / hc
+            base[hc : 2 * hc] = 0.0  # 2 sigmoid(0) = 1
+            base[2 * hc :] = diagonal * torch.eye(hc, device=base.device).flatten()
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> tuple[Transformer, list[dict]]:

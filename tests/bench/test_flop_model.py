@@ -49,7 +49,8 @@ def test_kv_write():
 
 
 def test_hyper_connection():
-    assert hyper_connection_flops(SMALL, 3) == 3 * 2 * (2 * 8) * 4
+    # hc_fn: (2 + 2) * 2 = 8 mixes of the 2 * 8 flattened streams
+    assert hyper_connection_flops(SMALL, 3) == 3 * 2 * (2 * 8) * 8
     assert hyper_connection_flops(SMALL.replace(hc_mult=1), 3) == 0
 
 

@@ -328,3 +328,7 @@ FAULTS = [
     Fault("step padded to the next capture size", "dispatch padding", _padded_next,
           (SMOKE, PIECEWISE_BOUNDED)),
 ]
+
+from tests.faults.pre_mix import PRE_MIX_FAULTS  # noqa: E402  (it builds on Fault above)
+
+FAULTS += PRE_MIX_FAULTS

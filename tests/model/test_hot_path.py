@@ -1,13 +1,11 @@
 """The hot path's rewritten pieces against direct restatements (RoPE's: tests/model/test_rope.py):
-the mHC weighted sums, the cached sinkhorn mix (refreshed when the weights change), the grouped
-GEMM's dense fallback."""
+the mHC weighted sums, the grouped GEMM's dense fallback."""
 
 import pytest
 import torch
 
 import swa_bench.model.moe as model_module
-from swa_bench.model.args import PRESETS
-from swa_bench.model.hyper_connection import HyperConnection, sinkhorn, weighted_sum
+from swa_bench.model.hyper_connection import weighted_sum
 
 
 def _once_rounded_error(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor):
@@ -33,21 +31,6 @@ def test_weighted_sum_accumulates_in_fp32_and_rounds_once():
     for g, t in pairs[1:]:
         rounded_each_step = rounded_each_step + t * g.bfloat16()
     assert _once_rounded_error(rounded_each_step, exact, magnitude) > 1, "the bound sees it"
-
-
-def test_sinkhorn_mix_follows_the_weights():
-    hc = HyperConnection(PRESETS["tiny"])
-    with torch.no_grad():
-        hc.res_logits.normal_()
-    with torch.no_grad():  # inference: engine steps run without gradients
-        first = hc.mixing()
-        assert torch.equal(first, sinkhorn(hc.res_logits.float()))
-        assert hc.mixing() is first  # computed once
-        hc.res_logits.mul_(2)
-        assert torch.equal(hc.mixing(), sinkhorn(hc.res_logits.float()))
-        assert not torch.equal(hc.mixing(), first)
-    trained = hc.mixing()  # a training forward computes it, with its gradient
-    assert trained.requires_grad and trained is not hc.mixing()
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1, 0, 0, 7, 2], [0, 0, 0], [2, 2, 2, 1]])

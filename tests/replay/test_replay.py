@@ -122,14 +122,17 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch)
         return real_run(self, spy, batch_kv, *inputs)
 
     monkeypatch.setattr(ReplayBatch, "run", run)
-    _, streams = forward(tiny_model, step, engine.cache, replay_batch)
+    _, streams, pre_mix = forward(tiny_model, step, engine.cache, replay_batch)
     assert seen["context"] is replay_batch.forward_context, "kept rows run under their context"
     rows = replay_batch.rows
+    # the per-row inputs: the streams entering S and S's attention pre-mix, fp32 [T, hc]
+    assert captured["inputs"][-1].shape == (step.num_tokens, tiny_args.hc_mult)
+    assert captured["inputs"][-1].dtype == torch.float32
     for batch_input, gathered in zip(captured["inputs"], seen["inputs"], strict=True):
         assert torch.equal(batch_input.index_select(0, rows), gathered)
     assert seen["kv"].shape[0] == step.num_tokens, "layer S reads every row's batch KV"
     trimmed = sorted(set(range(step.num_tokens)) - set(expected_rows))
-    for stream, out in zip(streams, seen["outputs"], strict=True):
+    for stream, out in zip((*streams, pre_mix), seen["outputs"], strict=True):
         assert torch.equal(stream[trimmed], torch.zeros_like(stream[trimmed]))
         assert torch.equal(stream.index_select(0, rows), out)
 
@@ -155,7 +158,7 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
         ),
     )
     replay_batch.forward_context.layer_metadata[s] = wrong
-    logits, _ = forward(tiny_model, step, engine.cache, replay_batch)
+    logits, _, _ = forward(tiny_model, step, engine.cache, replay_batch)
     unpadded = reference.prepare(workload.requests, workload.step_tokens)
     bounded = bounded_reference_metadata(unpadded, expect_for(reference, workload.requests),
                                          tiny_model.args)

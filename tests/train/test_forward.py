@@ -30,9 +30,8 @@ def reference_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """Every position's logits from the engine's full prefill (its final streams)."""
     b, t = tokens.shape
     out = Engine(model).reference_step([RequestSpec(t)] * b, tokens.tolist())
-    picked = torch.stack(out.streams, dim=1).float()
-    w = torch.softmax(model.head_hc.float(), 0)
-    return model.head(model.norm((picked * w[None, :, None]).sum(1))).float().view(b, t, -1)
+    collapsed = model.hc.pre(out.streams, out.pre_mix)  # with the final pre-mix
+    return F.linear(model.norm(collapsed).float(), model.head.weight.float()).view(b, t, -1)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
