@@ -244,7 +244,12 @@ def kept_row_context(
 @dataclass
 class KeptRows:
     """The oracle's replay route (``ForwardContext.replay_batch``): gather the oracle's rows ->
-    the layers under ``context`` -> scatter with zeros at trimmed rows."""
+    the layers under ``context`` -> scatter with zeros at trimmed rows.
+
+    Every per-row input is gathered by the kept rows: the streams, S's attention input and gains,
+    and S's publications from its indexer on every batch row (its top-k selection and, with
+    two-level candidates, its candidate blocks), so the kept row ``j`` reads batch row
+    ``rows[j]``'s; ``context`` then holds what the kept rows read (E1 compares it bitwise)."""
 
     rows: torch.Tensor
     context: ForwardContext

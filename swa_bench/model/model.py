@@ -118,21 +118,40 @@ class Transformer(nn.Module):
         for block in self.layers[: self.args.last_kv_source]:
             streams = block(streams)
         x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)
-        streams = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s)
+        published = self.publications(x_s)
+        streams = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s, *published)
         return self.compute_logits(streams), streams
+
+    def publications(self, x_s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """S's indexer on every row, part of its batch-KV work: its top-k selection and, with
+        two-level candidates, its candidate blocks (none for a dense model). Per-row inputs of
+        the replay route, after the others."""
+        if not self.last_kv_source.attn.indexes_before_cut:
+            return ()
+        return self.last_kv_source.attn.publish_selection(x_s)
 
     def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor) -> Streams:
         """The rest of S and the decoder on the rows given (the batch, or the replay batch).
 
         ``kv_s`` is S's KV of every batch row; the other inputs are per-row: the mHC streams,
-        S's attention input and its post gains.
+        S's attention input and its post gains, then S's publications (``publications``), which
+        the layers read from the context.
         """
         hc = self.args.hc_mult
         streams, x_s, post_s = tuple(inputs[:hc]), inputs[hc], inputs[hc + 1]
+        self.receive_publications(inputs[hc + 2 :])
         streams = self.last_kv_source.finish(streams, x_s, post_s if hc > 1 else None, kv_s)
         for block in self.layers[self.args.last_kv_source + 1 :]:
             streams = block(streams)
         return streams
+
+    def receive_publications(self, published: tuple[torch.Tensor, ...]) -> None:
+        """S's publications of these rows into the current context, for S and the layers after."""
+        if not published:
+            return
+        ctx = get_forward_context()
+        ctx.index_selection[self.args.last_kv_source] = published[0]
+        ctx.candidates = published[1] if len(published) > 1 else None
 
     def compute_logits(self, streams: Streams) -> torch.Tensor:
         rows = get_forward_context().logits_indices
