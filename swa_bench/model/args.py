@@ -14,8 +14,10 @@ window-only layers, ``compress_ratio`` for the encoder, 1 (full resolution) from
 
 With ``index_topk`` set, global attention is sparse from the first index source on: each index
 source layer scores the visible global positions with the indexer and every layer up to the next
-index source attends to that selection (plus its window). S must be an index source, so the
-replay layers select on their own rows.
+index source attends to that selection (plus its window). S must be an index source; its indexer
+runs on every row before the cut (its selection and, with two-level candidates, its candidate
+blocks are per-row inputs of the replay route), and the index sources after S select on the
+replay rows, among S's candidates.
 """
 
 from __future__ import annotations

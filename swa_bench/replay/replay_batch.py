@@ -6,12 +6,15 @@ Built on the host from the step's requests and the kept lengths the engine's ste
 nothing here waits on the device.
 
 The replay layers (the rest of layer S and the decoder) take S's KV of every batch row plus per-row
-inputs (the mHC streams, S's attention input and gains). ``ReplayBatch.run`` gathers the per-row
-inputs by kept rows, runs the layers under the replay batch's context, and scatters the outputs
-back: zeros at trimmed rows, which nothing reads. Layer S's batch KV write runs before this on
-every row (and stays inside a captured segment). The engine puts the batch in the step's forward
-context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an eager break, so
-the gather, the kept-row layers and the scatter run eagerly at every graph replay).
+inputs (the mHC streams, S's attention input and gains, and S's publications: its indexer's
+top-k selection and candidate blocks, computed on every row as vLLM's ``row_buffers`` and
+TensorRT-LLM's ``csa2_candidates`` hold them). ``ReplayBatch.run`` gathers the per-row inputs by
+kept rows, runs the layers under the replay batch's context (where the kept rows' publications
+are read), and scatters the outputs back: zeros at trimmed rows, which nothing reads. Layer S's
+batch KV write runs before this on every row (and stays inside a captured segment). The engine
+puts the batch in the step's forward context; the model's ``replay_layers`` calls ``run`` (in a
+PIECEWISE capture an eager break, so the gather, the kept-row layers and the scatter run eagerly
+at every graph replay).
 """
 
 from __future__ import annotations
