@@ -13,6 +13,9 @@ grouped GEMMs of the routed experts). Counted as the code runs them:
   last visible one;
 * a KV source's compressor projects every row of the batch (``wkv``, ``wgate`` above ratio 1,
   the index keys' ``wk_index``);
+* S's indexer (its selection and candidate blocks, published before the cut) runs on every row
+  in both paths, with its own query latent (``wq_a``; the kept rows compute it again for S's
+  attention); the index sources after S score as the others (the candidate restriction is a mask);
 * the MoE runs the gate, the k routed experts of each row and the shared experts.
 
 Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
@@ -91,6 +94,11 @@ def indexer_flops(
     return projections + total
 
 
+def publication_query_flops(args: ModelArgs, num_rows: int) -> int:
+    """S's query latent for its indexer on every row (``wq_a``), when S runs the indexer."""
+    return num_rows * 2 * args.dim * args.q_lora_rank if args.sparse else 0
+
+
 def attention_projection_flops(args: ModelArgs, num_rows: int) -> int:
     """wq_a, wq_b, wo_a (grouped), wo_b per row; wkv is counted with the KV write."""
     h_d = args.n_heads * args.head_dim
@@ -154,7 +162,11 @@ def step_flops(
         parts["projections"] += attention_projection_flops(args, n)
         parts["projections"] += kv_write_flops(args, layer, num_all if layer <= s else n)
         parts["attention"] += sum(attention_core_flops(args, layer, r, device) for r in rows)
-        parts["indexer"] += sum(indexer_flops(args, layer, r, device, kernels) for r in rows)
+        # S's indexer runs on every row, before the cut (its per-row publications).
+        indexed = whole if layer <= s else kept
+        parts["indexer"] += sum(indexer_flops(args, layer, r, device, kernels) for r in indexed)
+        if layer == s:
+            parts["indexer"] += publication_query_flops(args, num_all)
         parts["moe"] += moe_flops(args, n)
         # Layer S's KV write on every row collapses with the pre-mix it was handed: its own
         # mixes run in the replay layers, on the kept rows.

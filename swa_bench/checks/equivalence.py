@@ -143,7 +143,29 @@ def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: 
                                      _final_rows(ora.streams, ora.pre_mix), strict=True)
     ]
     diags += _trimmed_zero(prefix, out, ora.expected)
+    diags += _publications(prefix, out, ora)
     diags += _caches(f"{prefix}cache.", eng, twin, None)
+    return diags
+
+
+def _publications(prefix: str, out: StepOutput, ora: oracle.OracleOutput
+                  ) -> list[Diagnostic | None]:
+    """The kept rows' index selections and S's candidate blocks in the replay batch's context
+    against the oracle's, bitwise (S's reach them through the gather of per-row inputs)."""
+    if out.replay_batch is None or ora.kept_context is None:
+        return []
+    mine, theirs = out.replay_batch.forward_context, ora.kept_context
+    n = len(ora.expected.rows)
+    diags = [compare(f"{prefix}replay_batch.selection.layer{layer}",
+                     mine.index_selection[layer][:n], want[:n], None)
+             if layer in mine.index_selection else
+             _differs(f"{prefix}replay_batch.selection.layer{layer}", "absent", "published")
+             for layer, want in sorted(theirs.index_selection.items())]
+    if theirs.candidates is not None:
+        got = mine.candidates
+        diags.append(compare(f"{prefix}replay_batch.candidates", got[:n], theirs.candidates[:n],
+                             None) if got is not None else
+                     _differs(f"{prefix}replay_batch.candidates", "absent", "published"))
     return diags
 
 

@@ -248,9 +248,12 @@ class KeptRows:
     """The oracle's replay route (``ForwardContext.replay_batch``): gather the oracle's rows ->
     the layers under ``context`` -> scatter with zeros at trimmed rows.
 
-    The pre-mix carry restated by name: the layers take each kept row's streams entering S and
-    the pre-mix S's attention collapses them with (the previous block's FFN pre), and give back
-    its final streams and final pre-mix; every one of them is the oracle's row's."""
+    The per-row carry restated by name: the layers take each kept row's streams entering S, the
+    pre-mix S's attention collapses them with (the previous block's FFN pre), and S's publications
+    from its indexer on every batch row (its top-k selection and, with two-level candidates, its
+    candidate blocks), so the kept row ``j`` reads batch row ``rows[j]``'s; they give back its final
+    streams and final pre-mix; ``context`` then holds what the kept rows read (E1 compares it
+    bitwise)."""
 
     rows: torch.Tensor
     context: ForwardContext

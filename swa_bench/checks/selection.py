@@ -24,7 +24,7 @@ from swa_bench.checks.comparison import Tolerance, envelope_tolerance
 from swa_bench.checks.oracle import OracleOutput
 from swa_bench.engine.engine import StepOutput
 from swa_bench.model.cache import KVCache
-from swa_bench.model.sparse_attention import index_scores
+from swa_bench.model.sparse_attention import candidate_mask, index_scores
 from swa_bench.results import Diagnostic
 
 
@@ -104,6 +104,10 @@ def compare_selections(
             pos, lay = int(positions[row]), meta.layouts[int(requests[row])]
             keys = cache.index_key_rows(query.source, lay.cache_index, pos + 1)
             scores = index_scores(query.q[row : row + 1], query.weights[row : row + 1], keys)[0]
+            if query.within is not None:  # after S: only the truth's candidate positions count
+                allowed = candidate_mask(query.within[row : row + 1], scores.shape[0],
+                                         query.block_size)[0]
+                scores = scores.masked_fill(~allowed, float("-inf"))
             ratio = near_tie_ratio(
                 scores, {p for p in ours_rows[j].tolist() if p >= 0},
                 {p for p in theirs_rows[j].tolist() if p >= 0}, query.top_k,

@@ -14,8 +14,10 @@ window-only layers, ``compress_ratio`` for the encoder, 1 (full resolution) from
 
 With ``index_topk`` set, global attention is sparse from the first index source on: each index
 source layer scores the visible global positions with the indexer and every layer up to the next
-index source attends to that selection (plus its window). S must be an index source, so the
-replay layers select on their own rows.
+index source attends to that selection (plus its window). S must be an index source; its indexer
+runs on every row before the cut (its selection and, with two-level candidates, its candidate
+blocks are per-row inputs of the replay route), and the index sources after S select on the
+replay rows, among S's candidates.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ class ModelArgs:
     # Layers that run the indexer (None: S alone). Only KV sources own index keys; an index source
     # reads the keys of its closest KV source.
     index_sources: list[int] | None = None
+    # two-level candidates (DeepSeek-V4.1 select_candidate_blocks): S, the candidate source,
+    # keeps each row's best ``candidate_topk_blocks`` blocks of ``candidate_block_size`` global
+    # positions (a block scores its best position; the row's newest block always kept), and the
+    # index sources after S pick their top-k among those positions only. None: off.
+    candidate_topk_blocks: int | None = None
+    candidate_block_size: int = 8
     # Distinct routed-expert weight sets shared round-robin by the layers (None: every layer owns
     # its experts). Routing, per-expert token counts and GEMM shapes stay real; only the storage
     # is shared, so a 40-layer, 384-expert model fits one GPU.
@@ -138,6 +146,7 @@ class ModelArgs:
             out.append(("o_groups", f"must divide n_heads={self.n_heads}"))
         if self.index_topk is not None and self.index_topk < 1:
             out.append(("index_topk", "must be >= 1, or null for dense causal attention"))
+        out += self.candidate_problems()
         if self.expert_weight_pools is not None and self.expert_weight_pools < 1:
             out.append(("expert_weight_pools", "must be >= 1, or null for per-layer experts"))
         if self.index_sources is not None:
@@ -167,6 +176,25 @@ class ModelArgs:
                                         f"{MAX_RESIDENT_BYTES // 2**40} TiB any one machine "
                                         "holds"))
         return out
+
+    def candidate_problems(self) -> list[tuple[str, str]]:
+        if self.candidate_topk_blocks is None:
+            return []
+        if self.candidate_block_size < 1:
+            return [("candidate_block_size", "must be >= 1")]
+        if self.candidate_topk_blocks < 1:
+            return [("candidate_topk_blocks", "must be >= 1, or null for no candidates")]
+        if not self.sparse:
+            return [("candidate_topk_blocks", "needs sparse attention (index_topk)")]
+        # Every kept block but the newest is whole, so a row past the candidates' reach keeps at
+        # least this many positions; fewer than index_topk and the reference's top-k would pick
+        # -inf positions outside the candidates.
+        least = (self.candidate_topk_blocks - 1) * self.candidate_block_size + 1
+        if self.index_topk is not None and least < self.index_topk:
+            return [("candidate_topk_blocks", f"(candidate_topk_blocks - 1) * "
+                     f"candidate_block_size + 1 = {least} must be >= index_topk="
+                     f"{self.index_topk}")]
+        return []
 
     def least_resident_bytes(self) -> dict[str, int]:
         """A lower bound of the model's memory in bf16, by the field that sets each part: the
@@ -204,6 +232,16 @@ class ModelArgs:
         if not self.sparse:
             return []
         return list(self.index_sources) if self.index_sources is not None else [self.last_kv_source]
+
+    @property
+    def candidates(self) -> bool:
+        """Two-level candidates: S publishes candidate blocks, later index sources use them."""
+        return self.sparse and self.candidate_topk_blocks is not None
+
+    def candidate_width(self) -> int:
+        """Columns of a row's candidate list: at most as many blocks as a sequence has."""
+        blocks = -(-self.max_seq_len // self.candidate_block_size)
+        return min(self.candidate_topk_blocks or 0, blocks)
 
     def index_source_for(self, layer: int) -> int | None:
         """The index source whose selection ``layer`` attends to (None: dense attention)."""
@@ -299,6 +337,8 @@ PRESETS: dict[str, ModelArgs] = {
         index_n_heads=32,
         index_head_dim=128,
         index_sources=[2, 8, 14, 20, 24, 28, 32, 36],
+        candidate_topk_blocks=2048,
+        candidate_block_size=8,
         expert_weight_pools=1,
         rope_theta=10000.0,
         compress_rope_theta=160000.0,
@@ -317,6 +357,9 @@ PRESETS: dict[str, ModelArgs] = {
         kv_sources=[2, 4, 5],
         index_topk=6,
         index_sources=[2, 4, 5, 7],
+        # 4 blocks of 2: rows past position 8 pick layer 7's top-6 among 7-8 candidates.
+        candidate_topk_blocks=4,
+        candidate_block_size=2,
         n_routed_experts=8,
         n_activated_experts=2,
         # V4.1-Flash's route scale; a limit the seeded SwiGLU inputs (about unit size) cross on
@@ -355,6 +398,9 @@ PRESETS: dict[str, ModelArgs] = {
         index_n_heads=4,
         index_head_dim=32,
         index_sources=[1, 3, 4, 6],
+        # 12 blocks of 4: rows past position 48 pick layer 6's top-32 among 45-48 candidates.
+        candidate_topk_blocks=12,
+        candidate_block_size=4,
         expert_weight_pools=2,
         max_seq_len=320,
         max_requests=16,

@@ -80,6 +80,10 @@ class ForwardContext:
     # Sparse attention: each index source's selection [rows, top_k] for the layers after it, set
     # when the index source runs in this forward (a replay batch has a context of its own).
     index_selection: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Two-level candidates: the candidate source S's blocks of this context's rows [rows, width]
+    # int32 (-1 unused), read by the index sources after S. S publishes its selection and these
+    # before the cut, on every row; the replay route hands both to its rows as per-row inputs.
+    candidates: torch.Tensor | None = None
     # Selections fixed by the caller: an index source listed here publishes the given selection
     # instead of its own. E1/E2's full-batch truth reads the replay's, so that a top-k near-tie
     # which rounding decided the other way (judged apart) does not pass for an output error.

@@ -18,7 +18,7 @@ from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.key_sources import GlobalKV
 from swa_bench.model.norm import RMSNorm
 from swa_bench.model.rope import RopeSpec, apply_rope, rope_table
-from swa_bench.model.sparse_attention import IndexQuery, select
+from swa_bench.model.sparse_attention import CandidateBlocks, IndexQuery, Selection, select
 
 
 class Attention(nn.Module):
@@ -50,6 +50,9 @@ class Attention(nn.Module):
         # Sparse attention: the index source whose selection this layer reads (None: dense).
         self.index_source = args.index_source_for(layer) if source is not None else None
         self.runs_indexer = self.index_source == layer
+        # S's indexer runs on every row before the cut (``publish_selection``); its selection and
+        # candidate blocks reach the replay rows as per-row inputs.
+        self.indexes_before_cut = self.runs_indexer and layer == args.last_kv_source
         if self.runs_indexer:
             n_index, d_index = args.index_n_heads, args.index_head_dim
             self.wq_index = nn.Linear(args.q_lora_rank, n_index * d_index, bias=False)
@@ -67,13 +70,27 @@ class Attention(nn.Module):
         return self.w_index(x) * scale
 
     def index_query(
-        self, q_latent: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor
+        self, q_latent: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor,
+        within: torch.Tensor | None = None,
     ) -> IndexQuery:
+        """The rows' index query; S's publishes its candidate blocks, a later index source's
+        picks among ``within`` (S's candidate blocks of these rows) with candidates on."""
         n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
         q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
         q = self.rope(q, positions, self.index_rope_dim, inplace=True)
-        source = self.args.kv_source_for(self.layer)
-        return IndexQuery(q, weights, source, self.args.index_topk)
+        args = self.args
+        source = args.kv_source_for(self.layer)
+        if not args.candidates or self.layer < args.last_kv_source:
+            return IndexQuery(q, weights, source, args.index_topk)
+        if self.indexes_before_cut:
+            rule = CandidateBlocks(args.candidate_topk_blocks, args.candidate_block_size,
+                                   args.candidate_width())
+            return IndexQuery(q, weights, source, args.index_topk, publishes=rule)
+        if within is None:
+            raise RuntimeError(f"layer {self.layer} selects among S's candidate blocks, but none "
+                               "were published for these rows")
+        return IndexQuery(q, weights, source, args.index_topk, within=within,
+                          block_size=args.candidate_block_size)
 
     @property
     def index_rope_dim(self) -> int:
@@ -130,6 +147,12 @@ class Attention(nn.Module):
                              self.index_rope_dim, inplace=True)
             ctx.cache.index_keys[self.layer].index_copy_(0, groups.slot, keys)
 
+    def publish_selection(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """S's indexer on every row of the batch (its attention input ``x``): its top-k and, with
+        two-level candidates, its candidate blocks, published in the current context."""
+        return index_publication(self.q_norm(self.wq_a(x)), self.index_weights(x), self.layer,
+                                 self)
+
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
         return self.rope(q, positions, inplace=True)
@@ -154,8 +177,8 @@ class Attention(nn.Module):
             q_latent, kv = self.project_latents(x)
         else:
             q_latent = self.q_norm(self.wq_a(x))
-        return self.project_out(attention_op(q_latent, kv, self.index_weights(x), self.layer,
-                                             self))
+        weights = None if self.indexes_before_cut else self.index_weights(x)
+        return self.project_out(attention_op(q_latent, kv, weights, self.layer, self))
 
     def project_out(self, o: torch.Tensor) -> torch.Tensor:
         """The heads ``[T, H, D]`` back to the model width: each group's low-rank projection as
@@ -188,14 +211,8 @@ def attention_op(
     ctx = get_forward_context()
     meta = ctx.metadata_for(layer)
     q = attn.project_q(q_latent, meta.positions)
-    if attn.runs_indexer:
-        index = attn.index_query(q_latent, meta.positions, index_weights)
-        if ctx.index_queries is not None:
-            ctx.index_queries[layer] = index
-        given = ctx.given_selection.get(layer)
-        if given is None:
-            given = select(meta, ctx.cache, index, attn.global_kv.ratio, ctx.shape_mode)
-        ctx.index_selection[layer] = given
+    if attn.runs_indexer and not attn.indexes_before_cut:
+        run_indexer(q_latent, index_weights, layer, attn)
     selection = None if attn.index_source is None else ctx.index_selection[attn.index_source]
     o = attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
                ctx.shape_mode)
@@ -203,3 +220,31 @@ def attention_op(
     # rotations; turned back at the query's position they are relative to it (DeepSeek-V4.1
     # `Attention.forward`, before wo_a). ``o`` is attend's own fresh tensor: rotated in place.
     return attn.rope(o, meta.positions, inverse=True, inplace=True)
+
+
+def run_indexer(q_latent: torch.Tensor, index_weights: torch.Tensor, layer: int,
+                attn: Attention) -> Selection:
+    """An index source's selection of the context's rows (a given one where the caller fixed
+    it), published in the context for the layers after it; S also publishes its candidates."""
+    ctx = get_forward_context()
+    meta = ctx.metadata_for(layer)
+    index = attn.index_query(q_latent, meta.positions, index_weights, ctx.candidates)
+    if ctx.index_queries is not None:
+        ctx.index_queries[layer] = index
+    selection, candidates = select(meta, ctx.cache, index, attn.global_kv.ratio, ctx.shape_mode)
+    selection = ctx.given_selection.get(layer, selection)
+    ctx.index_selection[layer] = selection
+    if index.publishes is not None:
+        ctx.candidates = candidates
+    return selection, candidates
+
+
+@eager_break("index_publication")
+def index_publication(
+    q_latent: torch.Tensor, index_weights: torch.Tensor, layer: int, attn: Attention
+) -> tuple[torch.Tensor, ...]:
+    """S's indexer on every row: an eager break in PIECEWISE graphs (its walk follows the
+    step's metadata), re-run under each step's context. Returns the per-row publications the
+    replay route hands to its rows: the selection, then the candidate blocks when on."""
+    selection, candidates = run_indexer(q_latent, index_weights, layer, attn)
+    return (selection,) if candidates is None else (selection, candidates)

@@ -49,20 +49,23 @@ ReplayLayers = Callable[..., tuple[torch.Tensor, ...]]
 class ReplayInputs:
     """What the replay layers read of each row, by name: the mHC streams entering layer S and the
     pre-mix S's attention collapses them with (the replay recomputes S's attention input on the
-    kept rows from them). Out of the replay layers the same shape: the final streams and the
-    final pre-mix. Flat tensors for the route (``tensors``), named again inside (``of``)."""
+    kept rows from them), then S's publications (its indexer's top-k selection and candidate
+    blocks, computed on every batch row before the cut). Out of the replay layers: the final
+    streams and the final pre-mix. Flat tensors for the route (``tensors``), named again inside
+    (``of``)."""
 
     streams: Streams
     pre_mix: torch.Tensor
+    publications: tuple[torch.Tensor, ...] = ()
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (*self.streams, self.pre_mix)
+        return (*self.streams, self.pre_mix, *self.publications)
 
     @classmethod
     def of(cls, hc: int, tensors: Sequence[torch.Tensor]) -> ReplayInputs:
-        if len(tensors) != hc + 1:
+        if len(tensors) < hc + 1:
             raise ValueError(f"replay inputs are {hc} streams and a pre-mix, got {len(tensors)}")
-        return cls(tuple(tensors[:hc]), tensors[hc])
+        return cls(tuple(tensors[:hc]), tensors[hc], tuple(tensors[hc + 1 :]))
 
 
 def replay_layers(
@@ -137,9 +140,11 @@ class Block(nn.Module):
         streams = self.hc.post(self.moe(h), streams, ffn_mix)
         return streams, (pre_mix if ffn_mix is None else ffn_mix.pre)
 
-    def write_batch_kv(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
+    def write_batch_kv(self, streams: Streams, pre_mix: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer S's part that runs on every row: its attention input and its KV of every row."""
-        return self.attn.project_kv(self.attn_input(streams, pre_mix))
+        x = self.attn_input(streams, pre_mix)
+        return x, self.attn.project_kv(x)
 
 
 class Transformer(nn.Module):
@@ -169,23 +174,42 @@ class Transformer(nn.Module):
         pre_mix = self.hc.identity_pre_mix(x)
         for block in self.layers[: self.args.last_kv_source]:
             streams, pre_mix = block(streams, pre_mix)
-        kv_s = self.last_kv_source.write_batch_kv(streams, pre_mix)
+        x_s, kv_s = self.last_kv_source.write_batch_kv(streams, pre_mix)
+        published = self.publications(x_s)
         out = replay_layers(self.run_replay_layers, kv_s,
-                            *ReplayInputs(streams, pre_mix).tensors())
+                            *ReplayInputs(streams, pre_mix, published).tensors())
         final = ReplayInputs.of(self.args.hc_mult, out)
         return self.compute_logits(final.streams, final.pre_mix), final.streams, final.pre_mix
+
+    def publications(self, x_s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """S's indexer on every row, part of its batch-KV work: its top-k selection and, with
+        two-level candidates, its candidate blocks (none for a dense model). Per-row inputs of
+        the replay route, after the streams and the pre-mix."""
+        if not self.last_kv_source.attn.indexes_before_cut:
+            return ()
+        return self.last_kv_source.attn.publish_selection(x_s)
 
     def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor
                           ) -> tuple[torch.Tensor, ...]:
         """The rest of S and the decoder on the rows given (the batch, or the replay batch):
         ``kv_s`` is S's KV of every batch row, ``inputs`` a flat ``ReplayInputs`` of these rows;
-        S's attention input is computed again here from them. Returns the flat final
-        ``ReplayInputs`` (streams and pre-mix) of these rows."""
+        S's attention input is computed again here from them, and S's publications are read by
+        the layers from the context. Returns the flat final ``ReplayInputs`` (streams and
+        pre-mix) of these rows."""
         rows = ReplayInputs.of(self.args.hc_mult, inputs)
+        self.receive_publications(rows.publications)
         streams, pre_mix = self.last_kv_source(rows.streams, rows.pre_mix, kv_s)
         for block in self.layers[self.args.last_kv_source + 1 :]:
             streams, pre_mix = block(streams, pre_mix)
         return ReplayInputs(streams, pre_mix).tensors()
+
+    def receive_publications(self, published: tuple[torch.Tensor, ...]) -> None:
+        """S's publications of these rows into the current context, for S and the layers after."""
+        if not published:
+            return
+        ctx = get_forward_context()
+        ctx.index_selection[self.args.last_kv_source] = published[0]
+        ctx.candidates = published[1] if len(published) > 1 else None
 
     def compute_logits(self, streams: Streams, pre_mix: torch.Tensor) -> torch.Tensor:
         """The logits rows' streams collapsed with the final pre-mix, normed, then the head in

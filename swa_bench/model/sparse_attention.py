@@ -12,6 +12,13 @@ are ``rope(wq_b(q_lora))`` in ``index_n_heads`` heads, its head weights
 index source attend to the same selection. Compressed layers score their source's per-group keys
 as the cache holds them, visible by ``key_sources``' rule.
 
+Two-level candidates (DeepSeek-V4.1 inference/model.py ``Indexer.forward`` and
+``select_candidate_blocks``): the candidate source S also publishes each row's candidate blocks,
+its ``top_blocks`` best blocks of ``block_size`` positions (a block scores its best visible
+position, the block of the row's newest visible position is pinned, unreachable blocks are
+dropped), as a compact ``[rows, width]`` int32 list of block ids (-1 unused). The index sources
+after S score with their own query but pick their top-k among those blocks' positions only.
+
 Cost: the indexer's scoring is O(T^2) as in the real model, chunked by rows and causal per chunk
 (keys up to the chunk's last position), so its memory stays bounded; attention over the
 selection is O(T x (k + W)).
@@ -40,6 +47,16 @@ STATIC_ROW_CHUNK = 64
 
 
 @dataclass(frozen=True)
+class CandidateBlocks:
+    """Level one of the two-level top-k: ``top_blocks`` blocks of ``block_size`` positions,
+    listed in ``width`` columns (``ModelArgs.candidate_width``)."""
+
+    top_blocks: int
+    block_size: int
+    width: int
+
+
+@dataclass(frozen=True)
 class IndexQuery:
     """An index source's view of its query rows."""
 
@@ -47,6 +64,12 @@ class IndexQuery:
     weights: torch.Tensor  # [rows, index heads], scaled
     source: int  # the KV source whose index keys it scores
     top_k: int
+    # The candidate source: the blocks it publishes beside its top-k (None elsewhere).
+    publishes: CandidateBlocks | None = None
+    # An index source after it: the rows' candidate block ids [rows, width] (-1 unused) and
+    # their block size; its top-k is taken among those blocks' positions only.
+    within: torch.Tensor | None = None
+    block_size: int = 1
 
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -85,6 +108,50 @@ def select_top_k(scores: torch.Tensor, visible: torch.Tensor, top_k: int) -> tor
     return torch.where(scores.gather(1, chosen) > float("-inf"), chosen, -1)
 
 
+def candidate_blocks(scores: torch.Tensor, counts: torch.Tensor,
+                     rule: CandidateBlocks) -> torch.Tensor:
+    """Each row's candidate blocks ``[C, rule.width]`` int32, best first, -1 unused: blocks
+    scored by their best position of ``scores`` (fp32 ``[C, n]``, -inf where not visible), the
+    block of the row's newest visible position (``counts - 1``) pinned at +inf, the top
+    ``top_blocks`` by ``ranking_keys`` (ties by block id, as the positions' top-k), -inf blocks
+    dropped."""
+    rows, n = scores.shape
+    size = rule.block_size
+    n_blocks = -(-n // size)
+    padded = scores.new_full((rows, max(n_blocks, rule.width) * size), float("-inf"))
+    padded[:, :n] = scores
+    blocks = padded.view(rows, -1, size).amax(-1)
+    newest = torch.div(counts - 1, size, rounding_mode="floor")
+    ids = torch.arange(blocks.shape[1], device=scores.device)
+    blocks = blocks.masked_fill(ids[None, :] == newest[:, None], float("inf"))
+    chosen = torch.topk(ranking_keys(blocks), rule.width, dim=-1, sorted=True).indices
+    return torch.where(blocks.gather(1, chosen) > float("-inf"), chosen, -1).int()
+
+
+def candidate_mask(within: torch.Tensor, n: int, block_size: int) -> torch.Tensor:
+    """``[C, n]``: which of ``n`` positions lie in the rows' candidate blocks ``within``."""
+    n_blocks = -(-n // block_size)
+    ids = within.long()
+    ids = torch.where((ids >= 0) & (ids < n_blocks), ids, n_blocks)
+    keep = torch.zeros(within.shape[0], n_blocks + 1, dtype=torch.bool, device=within.device)
+    keep.scatter_(1, ids, True)
+    return keep[:, :n_blocks].repeat_interleave(block_size, dim=1)[:, :n]
+
+
+def select_rows(scores: torch.Tensor, visible: torch.Tensor, index: IndexQuery, rows: slice,
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's top-k ``[C, top_k]`` and, at the candidate source, its candidate blocks:
+    ``rows`` of the index query, their ``visible`` keys and visible ``counts``."""
+    if index.within is not None:
+        visible = visible & candidate_mask(index.within[rows], visible.shape[1],
+                                           index.block_size)
+    chosen = select_top_k(scores, visible, index.top_k)
+    if index.publishes is None:
+        return chosen, None
+    masked = scores.float().masked_fill(~visible, float("-inf"))
+    return chosen, candidate_blocks(masked, counts, index.publishes)
+
+
 FUSED_SCORE_ELEMENTS = 8  # fp32-sized elements per score on the fused path (scores, top-k keys)
 
 
@@ -97,22 +164,34 @@ def index_chunk_rows(n_keys: int, index_heads: int, device: torch.device,
     return max(1, score_budget(torch.device(device)) // (per_score * max(n_keys, 1)))
 
 
+Selection = tuple[torch.Tensor, torch.Tensor | None]
+
+
 def select(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int, shape_mode: ShapeMode
-) -> torch.Tensor:
-    """The index source's selection ``[rows, top_k]`` (request-relative positions, -1 for none),
+) -> Selection:
+    """The index source's selection ``[rows, top_k]`` (request-relative positions, -1 for none)
+    and, at the candidate source, its candidate blocks ``[rows, width]`` (None elsewhere),
     gathered as the forward context's ``shape_mode`` says."""
     walk = select_static if shape_mode == "static" else select_varlen
     return walk(meta, cache, index, ratio)
 
 
+def _candidate_out(meta: AttentionMetadata, index: IndexQuery) -> torch.Tensor | None:
+    if index.publishes is None:
+        return None
+    return torch.full((meta.num_rows, index.publishes.width), -1, dtype=torch.int32,
+                      device=index.q.device)
+
+
 def select_varlen(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
-) -> torch.Tensor:
+) -> Selection:
     """``select`` request by request with host integers, chunked by rows, keys cut at the ones
     each chunk's last row sees. The scores come from the fused kernel where the forward
     context's ``Kernels`` are Triton's."""
     out = torch.full((meta.num_rows, index.top_k), -1, dtype=torch.long, device=index.q.device)
+    blocks = _candidate_out(meta, index)
     kernels = active_kernels()
     fused = kernels.triton
     counts = visible_global_keys(meta, ratio)
@@ -131,21 +210,29 @@ def select_varlen(
                                             keys[:n], first, ratio)
             else:
                 scores = index_scores(index.q[rows], index.weights[rows], keys[:n])
-            out[rows] = select_top_k(scores, visible_mask(counts[rows], n), index.top_k)
-    return out
+            out[rows], chunk_blocks = select_rows(scores, visible_mask(counts[rows], n), index,
+                                                  rows, counts[rows])
+            if blocks is not None:
+                blocks[rows] = chunk_blocks
+    return out, blocks
 
 
 def select_static(
     meta: AttentionMetadata, cache: KVCache, index: IndexQuery, ratio: int
-) -> torch.Tensor:
+) -> Selection:
     """``select`` from device metadata alone (every request slot's whole cache)."""
     keys = slot_view(cache.index_keys[index.source], cache.args.max_requests)
     req = meta.row_request
-    visible = visible_mask(visible_global_keys(meta, ratio), keys.shape[1])
-    outs = []
+    counts = visible_global_keys(meta, ratio)
+    visible = visible_mask(counts, keys.shape[1])
+    outs, blocks = [], []
     for r0 in range(0, meta.num_rows, STATIC_ROW_CHUNK):
         rows = slice(r0, r0 + STATIC_ROW_CHUNK)
         per_row = keys[meta.cache_index[req[rows]]]
         scores = index_scores(index.q[rows], index.weights[rows], per_row)
-        outs.append(select_top_k(scores, visible[rows], index.top_k))
-    return torch.cat(outs)
+        chosen, chunk_blocks = select_rows(scores, visible[rows], index, rows, counts[rows])
+        outs.append(chosen)
+        blocks.append(chunk_blocks)
+    if index.publishes is None:
+        return torch.cat(outs), None
+    return torch.cat(outs), torch.cat(blocks)

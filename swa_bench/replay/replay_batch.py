@@ -6,14 +6,16 @@ Built on the host from the step's requests and the kept lengths the engine's ste
 nothing here waits on the device.
 
 The replay layers (the rest of layer S and the decoder) take S's KV of every batch row plus per-row
-inputs (``model.ReplayInputs`` flattened: the mHC streams entering S and the pre-mix S's attention
-collapses them with, a ``[T, hc]`` fp32 tensor; S computes its attention input again on the kept
-rows from them) and give back the final streams and final pre-mix. ``ReplayBatch.run`` gathers
-every per-row input by kept rows, whatever its shape and dtype, runs the layers under the replay
-batch's context, and scatters every output back: zeros at trimmed rows, which nothing reads.
-Layer S's batch KV write runs before this on every row (and stays inside a captured segment),
-its attention input collapsed there with the same pre-mix. The engine puts the batch in the
-step's forward context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an
+inputs (``model.ReplayInputs`` flattened: the mHC streams entering S, the pre-mix S's attention
+collapses them with, a ``[T, hc]`` fp32 tensor, and S's publications: its indexer's top-k
+selection and candidate blocks, computed on every row as vLLM's ``row_buffers`` and TensorRT-LLM's
+``csa2_candidates`` hold them; S computes its attention input again on the kept rows) and give
+back the final streams and final pre-mix. ``ReplayBatch.run`` gathers every per-row input by kept
+rows, whatever its shape and dtype, runs the layers under the replay batch's context (where the
+kept rows' publications are read), and scatters every output back: zeros at trimmed rows, which
+nothing reads. Layer S's batch KV write runs before this on every row (and stays inside a captured
+segment), its attention input collapsed there with the same pre-mix. The engine puts the batch in
+the step's forward context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an
 eager break, so the gather, the kept-row layers and the scatter run eagerly at every graph
 replay).
 """

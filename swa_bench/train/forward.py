@@ -11,9 +11,11 @@ full prefill computes (a test holds it to the engine's reference step):
   the group's first position, visible by ``key_sources``' rule (``j < (t + 1) // r``); index
   keys from the same latent before RoPE;
 * sparse layers read only the positions their index source selects (``select_top_k``, the
-  inference path's own selection), plus the window; one softmax with the per-head sink.
+  inference path's own selection), plus the window; one softmax with the per-head sink;
 * RoPE by each layer's own table (``Attention.rope``), the output heads turned back at the
   query's position before the output projection, as the inference step does.
+* two-level candidates: S publishes each row's candidate blocks (``candidate_blocks``) and the
+  index sources after it select among those blocks' positions only (``candidate_mask``).
 
 The indexer's top-k is not differentiable, so its weights get their own signal, as DeepSeek
 trains it: at every index source, the KL from the layer's dense attention over the visible
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from swa_bench.model.key_sources import visible_counts, visible_mask
 from swa_bench.model.model import Transformer
 from swa_bench.model.moe import MoE, swiglu
-from swa_bench.model.sparse_attention import select_top_k
+from swa_bench.model.sparse_attention import candidate_blocks, candidate_mask, select_top_k
 
 
 @dataclass
@@ -85,6 +87,7 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
     latents: dict[int, torch.Tensor] = {}
     index_keys: dict[int, torch.Tensor] = {}
     selections: dict[int, torch.Tensor] = {}
+    candidates: torch.Tensor | None = None  # S's candidate blocks [B * T, width]
     win = window_mask(t, args.window, dev)
     kls = []
     for block in model.layers:
@@ -119,14 +122,22 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
             allowed = visible[None].expand(b, t, n)
             if attn.runs_indexer:
                 index = attn.index_query(q_latent.detach(), positions,
-                                         attn.index_weights(h.detach()))
+                                         attn.index_weights(h.detach()), candidates)
                 ikeys = index_keys[index.source]
                 iq = index.q.view(b, t, *index.q.shape[1:])
                 s = torch.einsum("bthd,bnd->bthn", iq, ikeys).relu()
                 iscore = (index.weights.view(b, t, -1, 1).to(s.dtype) * s).sum(2).float()
                 with torch.no_grad():
-                    sel = select_top_k(iscore.flatten(0, 1), visible.repeat(b, 1), index.top_k)
+                    rows_visible = visible.repeat(b, 1)
+                    if index.within is not None:
+                        rows_visible = rows_visible & candidate_mask(index.within, n,
+                                                                     index.block_size)
+                    sel = select_top_k(iscore.flatten(0, 1), rows_visible, index.top_k)
                     selections[attn.layer] = selection_mask(sel, n).view(b, t, n)
+                    if index.publishes is not None:
+                        counts = visible.sum(-1).repeat(b)
+                        masked = iscore.flatten(0, 1).masked_fill(~rows_visible, float("-inf"))
+                        candidates = candidate_blocks(masked, counts, index.publishes)
                 kls.append(index_kl(iscore, dense.detach(), visible))
             if attn.index_source is not None:
                 allowed = allowed & selections[attn.index_source]

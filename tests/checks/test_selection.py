@@ -50,14 +50,18 @@ def _sparse_step():
 
 
 def _ranked(ref, truth, layer, row):
-    """The truth's positions of ``row`` at ``layer`` by score, highest first."""
-    from swa_bench.model.sparse_attention import index_scores
+    """The truth's positions of ``row`` at ``layer`` by score, highest first (after S: the
+    truth's candidate positions first, the rest at -inf)."""
+    from swa_bench.model.sparse_attention import candidate_mask, index_scores
 
     q = ref.context.index_queries[layer]
     meta = ref.step.metadata
     pos, lay = int(meta.positions[row]), meta.layouts[int(meta.row_request[row])]
     keys = truth.cache.index_key_rows(q.source, lay.cache_index, pos + 1)
     scores = index_scores(q.q[row : row + 1], q.weights[row : row + 1], keys)[0]
+    if q.within is not None:
+        allowed = candidate_mask(q.within[row : row + 1], scores.shape[0], q.block_size)[0]
+        scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.sort(scores, descending=True, stable=True).indices.tolist()
 
 
@@ -101,6 +105,25 @@ def test_near_tie_passes_and_the_truth_reruns_on_the_given_selection():
     assert not torch.equal(rerun.streams[0][row], ref.streams[0][row])  # it attended to it
     others = [r for r in range(ref.step.num_tokens) if r != row]
     assert torch.equal(rerun.streams[0][others[:row]], ref.streams[0][others[:row]])
+
+
+def test_a_later_source_choosing_outside_the_candidates_fails_however_close():
+    """After S only S's candidate blocks are eligible: a position outside them fails even at a
+    score the allowance would call a near-tie."""
+    model, _, _, ora, ref, truth, _ = _sparse_step()
+    j = len(ora.expected.rows) - 1
+    row, k = ora.expected.rows[j], model.args.index_topk
+    eligible = set(_ranked(ref, truth, 7, row)[:k])
+    query = ref.context.index_queries[7]
+    blocks = {b for b in query.within[row].tolist() if b >= 0}
+    outside = next(p for p in range(int(ref.step.metadata.positions[row]) + 1)
+                   if p // query.block_size not in blocks)
+    picked = ora.kept_context.index_selection[7].clone()
+    picked[j] = torch.tensor(sorted(eligible)[: k - 1] + [outside])
+    ora.kept_context.index_selection[7] = picked
+    loose = Tolerance(rtol=0.0, atol=1e9)
+    chosen = compare_selections(ora, ref, truth.cache, torch.float32, tol=loose)
+    assert chosen.rows_differing == 1 and chosen.worst_ratio == math.inf and chosen.diagnostics
 
 
 def test_e1_and_e2_report_the_selections_on_a_sparse_model():

@@ -28,6 +28,8 @@ COV_EAGER = "eager/bounded/T=87/halo_align=1/eager_trim_threshold=0/n_layers=8"
 COV_PIECEWISE_AT_THRESHOLD = "piecewise/bounded/T=87/halo_align=1/eager_trim_threshold=0/n_layers=8"
 COV_HALO_ALIGNED = "eager/halo/T=87/halo_align=4/eager_trim_threshold=0/n_layers=8"
 COV_EAGER_THRESHOLD = "eager/bounded/T=87/halo_align=1/eager_trim_threshold=96/n_layers=8"
+# S's indexer runs before the cut: an index source on the replay batch is one after S (layer 7).
+SPARSE, SPARSE_EAGER_BOUNDED = "scenarios/sparse-policies.yaml", "eager/bounded/T=37"
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ FAULTS = [
     Fault("rows in batch-order cache slots", "cache index != batch position",
           _cache_index_batch_order, (COVERAGE, COV_EAGER)),
     Fault("indexer reads wrong query rows", "top-k on the replay batch",
-          _indexer_wrong_rows, (COVERAGE, COV_EAGER)),
+          _indexer_wrong_rows, (SPARSE, SPARSE_EAGER_BOUNDED)),
     Fault("padded exactly to trim_threshold does not replay", "threshold comparison",
           _plan_fault(_threshold_exclusive), (COVERAGE, COV_PIECEWISE_AT_THRESHOLD)),
     Fault("eager_trim_threshold ignored", "eager threshold", _eager_threshold_apply,

@@ -66,7 +66,7 @@ def test_indexer_top_k_matches_a_per_row_oracle(sparse_model, source):
     q = torch.randn(meta.num_rows, ARGS.index_n_heads, ARGS.index_head_dim, generator=gen)
     weights = torch.randn(meta.num_rows, ARGS.index_n_heads, generator=gen)
     index = IndexQuery(q, weights, source, ARGS.index_topk)
-    chosen = select_varlen(meta, engine.cache, index, ratio)
+    chosen, _ = select_varlen(meta, engine.cache, index, ratio)
     for lay in meta.layouts:
         keys = engine.cache.index_key_rows(source, lay.cache_index, lay.seq_len // ratio)
         rows = slice(lay.q_start, lay.q_start + lay.q_len)

@@ -45,6 +45,20 @@ def test_train_forward_is_the_full_prefill(name):
     assert float(mine.index_kl) >= 0.0
 
 
+def test_candidates_at_s_restrict_the_later_source():
+    """sparse-tiny's candidates (4 blocks of 2) bind at 40 tokens: the training forward with
+    them is the engine's prefill (above), and differs from the same weights without them."""
+    args = CONFIGS["sparse"]
+    assert args.candidates and [i for i in args.index_source_list() if i > args.last_kv_source]
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        on = train_forward(build_model(args, seed=3)[0], tokens).logits
+        off_model, _ = build_model(args.replace(candidate_topk_blocks=None), seed=3)
+        off = train_forward(off_model, tokens).logits
+    assert (on - off).abs().max() > 1e-3
+    torch.testing.assert_close(off, reference_logits(off_model, tokens), rtol=1e-4, atol=1e-4)
+
+
 def test_gradients_reach_every_parameter_and_the_indexer_only_through_its_loss():
     model, _ = build_model(CONFIGS["sparse"], seed=0)
     model.requires_grad_(True)
