@@ -265,7 +265,8 @@ class KeptRows:
             raise ValueError(f"the pre-mix is fp32 [rows, {self.hc}], got "
                              f"{given.pre_mix.dtype} {tuple(given.pre_mix.shape)}")
         picked = ReplayInputs(tuple(s.index_select(0, self.rows) for s in given.streams),
-                              given.pre_mix.index_select(0, self.rows))
+                              given.pre_mix.index_select(0, self.rows),
+                              tuple(p.index_select(0, self.rows) for p in given.publications))
         with set_forward_context(self.context):
             final = ReplayInputs.of(self.hc, run_layers(kv_s, *picked.tensors()))
         spread = ReplayInputs(tuple(self._scatter(kv_s, s) for s in final.streams),

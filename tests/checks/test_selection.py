@@ -104,7 +104,11 @@ def test_near_tie_passes_and_the_truth_reruns_on_the_given_selection():
     assert sorted(rerun.context.index_selection[7][row].tolist()) == sorted(swapped)
     assert not torch.equal(rerun.streams[0][row], ref.streams[0][row])  # it attended to it
     others = [r for r in range(ref.step.num_tokens) if r != row]
-    assert torch.equal(rerun.streams[0][others[:row]], ref.streams[0][others[:row]])
+    # The earlier rows never read that row, but its new routing after layer 7 changes the experts'
+    # group sizes, and a grouped GEMM may round a row differently in a group of another size:
+    # equal up to fp32 rounding, not bit for bit.
+    torch.testing.assert_close(rerun.streams[0][others[:row]], ref.streams[0][others[:row]],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_a_later_source_choosing_outside_the_candidates_fails_however_close():

@@ -77,6 +77,8 @@ class Tanh(nn.Module):
     """A stand-in sublayer: each row's output a function of that row alone, so the test's loop
     restates a block without attention or experts."""
 
+    indexes_before_cut = False  # a dense stand-in: S publishes no selection
+
     def __init__(self, gain: float) -> None:
         super().__init__()
         self.gain = gain
