@@ -120,10 +120,16 @@ def _trimmed_zero(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Di
     keep[list(exp.rows)] = True
     trimmed = (~keep).nonzero().flatten().to(out.streams[0].device)
     return [
-        compare(f"{prefix}trimmed_rows.stream{i}", s.index_select(0, trimmed),
+        compare(f"{prefix}trimmed_rows.{name}", s.index_select(0, trimmed),
                 torch.zeros_like(s.index_select(0, trimmed)), None)
-        for i, s in enumerate(out.streams)
+        for name, s in _row_outputs(out)
     ]
+
+
+def _row_outputs(out) -> list[tuple[str, torch.Tensor]]:
+    """A step's per-row outputs by name: the streams, then DSpark's aux hidden states."""
+    named = [(f"stream{i}", s) for i, s in enumerate(out.streams)]
+    return named + ([] if out.aux_hidden is None else [("aux_hidden", out.aux_hidden)])
 
 
 def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: Engine,
@@ -131,8 +137,8 @@ def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: 
     diags = structure(prefix, out, ora.expected)
     diags.append(compare(f"{prefix}logits", out.logits, ora.logits, None))
     diags += [
-        compare(f"{prefix}stream{i}", a, b, None)
-        for i, (a, b) in enumerate(zip(out.streams, ora.streams, strict=True))
+        compare(f"{prefix}{name}", a, b, None)
+        for (name, a), (_, b) in zip(_row_outputs(out), _row_outputs(ora), strict=True)
     ]
     diags += _trimmed_zero(prefix, out, ora.expected)
     diags += _caches(f"{prefix}cache.", eng, twin, None)
@@ -273,8 +279,8 @@ def check_e1(
         sampled = torch.tensor(sampled, dtype=torch.long, device=ref.logits.device)
         pairs = [("logits", ora.logits.index_select(0, sampled),
                   ref.logits.index_select(0, sampled))]
-        pairs += [(f"kept_rows.stream{i}", a.index_select(0, rows), b.index_select(0, rows))
-                  for i, (a, b) in enumerate(zip(ora.streams, ref.streams, strict=True))]
+        pairs += [(f"kept_rows.{name}", a.index_select(0, rows), b.index_select(0, rows))
+                  for (name, a), (_, b) in zip(_row_outputs(ora), _row_outputs(ref), strict=True)]
         theirs = truth.cache.tensors()
         pairs += [(f"cache.{n}", t, theirs[n]) for n, t in twin.cache.tensors().items()]
         env, ratio, max_abs = _envelope("reference:", pairs, dtype, tol)
@@ -380,8 +386,9 @@ def check_e3(
             sizes.append(out.plan.graph_size)
             ref = graph.eager_equivalent(requests, toks, indices, on=eager)
             diags.append(compare(f"step{n}.logits", out.logits, ref.logits, None))
-            diags += [compare(f"step{n}.stream{i}", a, b, None)
-                      for i, (a, b) in enumerate(zip(out.streams, ref.streams, strict=True))]
+            diags += [compare(f"step{n}.{name}", a, b, None)
+                      for (name, a), (_, b) in zip(_row_outputs(out), _row_outputs(ref),
+                                                   strict=True)]
             diags += _caches(f"step{n}.cache.", graph, eager, None)
     note = "padded sizes " + ", ".join("eager" if s is None else str(s) for s in sizes)
     return check_result("E3", f"{config.graph_mode} replay == eager", diags, None, note)

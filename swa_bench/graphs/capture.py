@@ -121,9 +121,10 @@ class CapturedGraphs:
         with torch.inference_mode():
             return step.copy_into(self.static_steps[size])
 
-    def run(self, size: int, ctx: ForwardContext) -> tuple[torch.Tensor, Streams]:
+    def run(self, size: int, ctx: ForwardContext
+            ) -> tuple[torch.Tensor, Streams, torch.Tensor | None]:
         """Replays the graph of ``size`` under ``ctx`` (its eager breaks read it): the static
-        (logits, streams), valid until the next replay."""
+        (logits, streams, aux hidden states), valid until the next replay."""
         with torch.inference_mode(), set_forward_context(self._bound(ctx)):
             return self.graphs[size].run()
 

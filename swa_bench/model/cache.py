@@ -5,6 +5,10 @@
   the decoder reads, the others' are pooled into compressed KV for the encoder.
 
 Both are flat ``[rows + 1, head_dim]`` tensors whose last row is the trash slot (see batch.py).
+
+* Engram (``engram_layers``): every request's compressed token ids by position, the n-gram
+  history a row's hashes read across chunks and decode steps (global-slot layout);
+* DSpark (``dspark_layers``): each draft layer's window ring, seeded from the aux hidden states.
 """
 
 from __future__ import annotations
@@ -32,16 +36,27 @@ class KVCache:
             s: torch.zeros(global_rows, args.index_head_dim, device=device, dtype=dtype)
             for s in (args.kv_sources if args.sparse else [])
         }
+        # Engram's token history and the DSpark draft layers' rings (empty when off).
+        self.engram_tokens = torch.zeros(global_rows if args.engram_layers else 1,
+                                         device=device, dtype=torch.long)
+        self.draft_ring = [
+            torch.zeros(ring_rows, args.head_dim, device=device, dtype=dtype)
+            for _ in range(args.dspark_layers)
+        ]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every cache by name, without the trash rows: the state a step leaves behind."""
         out = {f"ring.{i}": t[:-1] for i, t in enumerate(self.ring)}
         out.update({f"latent.{s}": t[:-1] for s, t in self.latent.items()})
         out.update({f"index_keys.{s}": t[:-1] for s, t in self.index_keys.items()})
+        if self.args.engram_layers:
+            out["engram_tokens"] = self.engram_tokens[:-1]
+        out.update({f"draft_ring.{j}": t[:-1] for j, t in enumerate(self.draft_ring)})
         return out
 
     def _raw(self) -> list[torch.Tensor]:
-        return [*self.ring, *self.latent.values(), *self.index_keys.values()]
+        return [*self.ring, *self.latent.values(), *self.index_keys.values(),
+                self.engram_tokens, *self.draft_ring]
 
     def ring_window(self, layer: int, cache_index: int) -> torch.Tensor:
         """The request's W ring slots of ``layer`` (slot = position mod W)."""

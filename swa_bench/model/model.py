@@ -1,10 +1,11 @@
 """A DeepSeek-V4.1-style layer stack in plain PyTorch, readable top to bottom.
 
     tokens -> embedding -> mHC streams
-      -> window-only layers (window ring)
+      -> window-only layers (window ring); Engram before its layers (n-gram lookups, every row)
       -> encoder layers (window ring + compressed KV of the closest KV source)
       -> layer S: write batch KV (its latent for every row) | the rest of S
       -> decoder layers (window ring + S's global KV)          } the replay layers
+      -> DSpark draft rings, from the target layers' inputs      }
       -> head on the logits rows
 
 Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
@@ -25,6 +26,8 @@ from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
+from swa_bench.model.dspark import DSpark, aux_hidden
+from swa_bench.model.engram import Engram, engram_input, step_hash_ids
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.hyper_connection import HyperConnection, Streams
@@ -70,6 +73,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, layer)
         self.moe = MoE(args, experts)
+        # Applied to the block's input streams by the stack (reference ``Block.engram``).
+        self.engram = Engram(args, layer) if layer in args.engram_layers else None
 
     def forward(self, streams: Streams) -> Streams:
         x, post = self.attn_hc.pre(streams, self.attn_norm)
@@ -106,33 +111,50 @@ class Transformer(nn.Module):
         self.head_hc = nn.Parameter(torch.zeros(args.hc_mult))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.dspark = DSpark(args) if args.dspark_layers else None
 
     @property
     def last_kv_source(self) -> Block:
         return self.layers[self.args.last_kv_source]
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams]:
-        """Logits at the context's logits rows, and the final streams of every row."""
+    def forward(
+        self, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, Streams, torch.Tensor | None]:
+        """Logits at the context's logits rows, the final streams of every row, and the DSpark
+        aux hidden states ``main_hidden`` of every row (None without draft layers). Rows the
+        replay trimmed hold zeros in both."""
+        hc = self.args.hc_mult
         x = self.embed(input_ids)
-        streams: Streams = (x,) * self.args.hc_mult  # read-only: the first post makes new ones
+        streams: Streams = (x,) * hc  # read-only: the first post makes new ones
+        hashes = step_hash_ids(input_ids, self.args) if self.args.engram_layers else None
         for block in self.layers[: self.args.last_kv_source]:
-            streams = block(streams)
+            streams = block(engram_input(block.engram, streams, hashes))
+        streams = engram_input(self.last_kv_source.engram, streams, hashes)
         x_s, post_s, kv_s = self.last_kv_source.write_batch_kv(streams)
-        streams = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s)
-        return self.compute_logits(streams), streams
+        outputs = replay_layers(self.run_replay_layers, kv_s, *streams, x_s, post_s)
+        streams, aux = outputs[:hc], outputs[hc:]
+        return self.compute_logits(streams), streams, (aux[0] if aux else None)
 
     def run_replay_layers(self, kv_s: torch.Tensor, *inputs: torch.Tensor) -> Streams:
         """The rest of S and the decoder on the rows given (the batch, or the replay batch).
 
         ``kv_s`` is S's KV of every batch row; the other inputs are per-row: the mHC streams,
-        S's attention input and its post gains.
+        S's attention input and its post gains. Returns the streams, then (with DSpark) the aux
+        hidden states of these rows, after seeding the draft rings from them.
         """
         hc = self.args.hc_mult
         streams, x_s, post_s = tuple(inputs[:hc]), inputs[hc], inputs[hc + 1]
         streams = self.last_kv_source.finish(streams, x_s, post_s if hc > 1 else None, kv_s)
+        targets, aux = self.args.dspark_target_layers, []
         for block in self.layers[self.args.last_kv_source + 1 :]:
+            if block.layer in targets:  # the draft layers read the target's input streams
+                aux.append(aux_hidden(streams))
             streams = block(streams)
-        return streams
+        if self.dspark is None:
+            return streams
+        main_hidden = torch.cat(aux, dim=-1)
+        self.dspark.seed_rings(main_hidden)
+        return (*streams, main_hidden)
 
     def compute_logits(self, streams: Streams) -> torch.Tensor:
         rows = get_forward_context().logits_indices
@@ -149,13 +171,13 @@ def init_weights(model: Transformer, seed: int) -> None:
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", "q_weight", "k_weight")):  # Engram's: ones
                 p.fill_(1.0)
                 continue
             p.normal_(generator=gen)
             if name.endswith(("sink", "res_logits", "static_pre", "static_post", "head_hc")):
                 p.mul_(0.5)
-            elif name != "embed.weight":
+            elif not name.endswith("embed.weight"):  # the embedding and Engram's tables
                 fan_in = p.shape[-2] if name.endswith("wo_a") else p.shape[-1]
                 p.mul_(1 / math.sqrt(fan_in))
 
