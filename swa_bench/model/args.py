@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from swa_bench.model.engram import engram_table_rows
+from swa_bench.model.ngram_hash import table_rows
 
 MAX_RESIDENT_BYTES = 4 * 2**40
 
@@ -206,6 +206,13 @@ class ModelArgs:
         return self.engram_compressed_vocab_size or self.vocab_size
 
     @property
+    def engram_table_rows(self) -> list[int]:
+        """Each Engram layer's table rows (reference ``engram_num_embeddings``): the sum of the
+        primes its hashes take modulo."""
+        return table_rows(self.engram_layers, self.engram_max_ngram_size, self.engram_n_heads,
+                          self.engram_vocab_size)
+
+    @property
     def dspark_expert_pools(self) -> int:
         """Routed-expert weight sets of the draft layers: each its own, or (with
         ``expert_weight_pools``, the one-GPU storage sharing) at most that many, shared."""
@@ -224,7 +231,7 @@ class ModelArgs:
             * self.moe_inter_dim,
             "max_seq_len": 2 * rows * ((self.n_layers + self.dspark_layers) * self.window
                                        + len(self.kv_sources) * self.max_seq_len),
-            "engram_vocab_size": 2 * self.engram_head_dim * sum(engram_table_rows(self)),
+            "engram_vocab_size": 2 * self.engram_head_dim * sum(self.engram_table_rows),
             "dspark_n_routed_experts": 2 * self.dspark_expert_pools * self.dspark_n_routed_experts
             * 3 * self.dim * self.moe_inter_dim,
         }

@@ -4,10 +4,7 @@ After DeepSeek-V4.1 inference/engram.py (``EngramLayout``, ``NgramHashState``) a
 (``ParallelEngramEmbedding``, ``Engram``, the hook in ``Transformer.forward``):
 
 * every row hashes the n-grams (sizes 2 .. ``engram_max_ngram_size``) ending at it, each in
-  ``engram_n_heads`` ways: the compressed ids of the row and the ones before it, times one odd
-  multiplier per look-back (a per-layer RNG), XORed one look-back at a time, modulo a prime of
-  its own (primes searched upward from ``engram_vocab_size``, never reused), plus the offset of
-  that prime's range in the layer's table. Look-back stops at the request's start (pad id);
+  ``engram_n_heads`` ways (``ngram_hash``); look-back stops at the request's start (pad id);
 * the ``(max_ngram - 1) * n_heads`` rows fetched go through ``wkv`` to one key per stream and one
   value; each stream gets ``h + gate * value``, gate the sigmoid of the signed square root of the
   normalised dot product of the stream with its key.
@@ -20,16 +17,13 @@ dtype (the reference's fp8 tables with per-32 scales are the precision issue's).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
 from swa_bench.model.forward_context import get_forward_context
+from swa_bench.model.ngram_hash import EngramLayout, hash_layout, ngram_hash_ids
 
 if TYPE_CHECKING:
     from swa_bench.model.args import ModelArgs
@@ -39,119 +33,16 @@ ENGRAM_ROWS = 8192  # rows per chunk: the fp32 keys are hc_mult times a stream (
 GATE_CLAMP = 1e-6  # the reference's ``clamp_value`` under the signed square root
 
 
-def is_prime(n: int) -> bool:
-    if n < 2:
-        return False
-    if n % 2 == 0 or n % 3 == 0:
-        return n in (2, 3)
-    f = 5
-    while f * f <= n:
-        if n % f == 0 or n % (f + 2) == 0:
-            return False
-        f += 6
-    return True
-
-
-@functools.lru_cache(maxsize=16)
-def bucket_primes(
-    layers: tuple[int, ...], max_ngram: int, n_heads: int, vocab_size: int
-) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """``[layer][n-gram size - 2][head]`` bucket moduli: for each layer and n-gram size, the next
-    ``n_heads`` primes above ``vocab_size - 1`` that no earlier (layer, size, head) took."""
-    seen: set[int] = set()
-    out = []
-    for _ in layers:
-        per_size = []
-        for _ in range(max_ngram - 1):
-            current, sizes = vocab_size - 1, []
-            for _ in range(n_heads):
-                current += 1
-                while not is_prime(current) or current in seen:
-                    current += 1
-                seen.add(current)
-                sizes.append(current)
-            per_size.append(tuple(sizes))
-        out.append(tuple(per_size))
-    return tuple(out)
-
-
-def layer_primes(args: ModelArgs) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    return bucket_primes(tuple(args.engram_layers), args.engram_max_ngram_size,
-                         args.engram_n_heads, args.engram_vocab_size)
-
-
-def engram_table_rows(args: ModelArgs) -> list[int]:
-    """Each Engram layer's table rows: the sum of its primes (``engram_num_embeddings``)."""
-    return [sum(sum(size) for size in layer) for layer in layer_primes(args)]
-
-
-def hash_multipliers(layers: Sequence[int], max_ngram: int, token_vocab: int) -> torch.Tensor:
-    """``[layers, max_ngram]`` int64: odd multipliers from numpy's PCG64 seeded ``10007 * layer``,
-    below ``int64 max / token_vocab`` so that ``id * multiplier`` never overflows."""
-    bound = max(1, (np.iinfo(np.int64).max // token_vocab) // 2)
-    rows = [np.random.default_rng(10007 * layer).integers(0, bound, size=(max_ngram,),
-                                                          dtype=np.int64) * 2 + 1
-            for layer in layers]
-    return torch.from_numpy(np.stack(rows))
-
-
-@dataclass(frozen=True)
-class EngramLayout:
-    """The hashing constants of every Engram layer (host tensors; ``to`` moves them once)."""
-
-    primes: torch.Tensor  # [layers, max_ngram - 1, n_heads] int64
-    offsets: torch.Tensor  # [layers, (max_ngram - 1) * n_heads]: each range's first table row
-    multipliers: torch.Tensor  # [layers, max_ngram]
-    pad_id: int  # the compressed id of ``engram_pad_id``: fills look-back before a request
-
-    @property
-    def max_ngram(self) -> int:
-        return self.multipliers.shape[1]
-
-
-@functools.lru_cache(maxsize=16)
-def _layout(layers: tuple[int, ...], max_ngram: int, n_heads: int, vocab_size: int,
-            token_vocab: int, pad_id: int, device: torch.device) -> EngramLayout:
-    primes = torch.tensor(bucket_primes(layers, max_ngram, n_heads, vocab_size),
-                          dtype=torch.long)
-    flat = primes.flatten(1)
-    offsets = torch.cumsum(flat, dim=1) - flat
-    return EngramLayout(primes.to(device), offsets.to(device),
-                        hash_multipliers(layers, max_ngram, token_vocab).to(device),
-                        pad_id % token_vocab)
-
-
 def engram_layout(args: ModelArgs, device: torch.device) -> EngramLayout:
-    return _layout(tuple(args.engram_layers), args.engram_max_ngram_size, args.engram_n_heads,
-                   args.engram_vocab_size, args.engram_token_vocab, args.engram_pad_id,
-                   torch.device(device))
+    return hash_layout(tuple(args.engram_layers), args.engram_max_ngram_size,
+                       args.engram_n_heads, args.engram_vocab_size, args.engram_token_vocab,
+                       args.engram_pad_id, torch.device(device))
 
 
 def compress_ids(token_ids: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     """The ids the hashes read. The reference maps through the tokenizer's normalising table;
     swa-bench has no tokenizer and folds ids onto the compressed vocabulary by ``%``."""
     return token_ids % args.engram_token_vocab
-
-
-def ngram_hash_ids(ngrams: torch.Tensor, layout: EngramLayout) -> torch.Tensor:
-    """``ngrams [T, max_ngram]`` (compressed ids at look-back 0, 1, ...; pad id before the
-    request) -> table rows ``[T, layers, (max_ngram - 1) * n_heads]``: the running XOR of the
-    multiplied ids after look-back i is the (i + 1)-gram's hash, taken modulo each head's prime."""
-    products = ngrams[:, None, :] * layout.multipliers  # [T, layers, max_ngram]
-    rolling, hashes = products[..., 0], []
-    for i in range(1, layout.max_ngram):
-        rolling = torch.bitwise_xor(rolling, products[..., i])
-        hashes.append(rolling[..., None] % layout.primes[:, i - 1])
-    return torch.cat(hashes, dim=-1) + layout.offsets
-
-
-def sequence_ngrams(ids: torch.Tensor, pad_id: int, max_ngram: int) -> torch.Tensor:
-    """``ids [B, T]`` of whole sequences from position 0 -> ``[B * T, max_ngram]`` look-backs."""
-    cols = [ids]
-    for shift in range(1, max_ngram):
-        cols.append(torch.cat([ids.new_full((ids.shape[0], min(shift, ids.shape[1])), pad_id),
-                               ids[:, :-shift]], dim=1)[:, : ids.shape[1]])
-    return torch.stack(cols, dim=-1).flatten(0, 1)
 
 
 def step_hash_ids(input_ids: torch.Tensor, args: ModelArgs) -> torch.Tensor:
@@ -187,7 +78,7 @@ class Engram(nn.Module):
         self.index = args.engram_layers.index(layer)
         self.hc, self.dim, self.eps = args.hc_mult, args.dim, args.norm_eps
         cols = (args.engram_max_ngram_size - 1) * args.engram_n_heads
-        self.embed = nn.Embedding(engram_table_rows(args)[self.index], args.engram_head_dim)
+        self.embed = nn.Embedding(args.engram_table_rows[self.index], args.engram_head_dim)
         self.wkv = nn.Linear(cols * args.engram_head_dim, args.dim * (args.hc_mult + 1),
                              bias=False)
         self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim))

@@ -31,16 +31,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from swa_bench.model.engram import (
-    compress_ids,
-    engram_input,
-    engram_layout,
-    ngram_hash_ids,
-    sequence_ngrams,
-)
+from swa_bench.model.engram import compress_ids, engram_input, engram_layout
 from swa_bench.model.key_sources import pool, visible_counts, visible_mask
 from swa_bench.model.model import Transformer
 from swa_bench.model.moe import MoE
+from swa_bench.model.ngram_hash import ngram_hash_ids, sequence_ngrams
 from swa_bench.model.rope import apply_rope
 from swa_bench.model.sparse_attention import select_top_k
 

@@ -12,7 +12,7 @@ import torch
 
 from swa_bench.engine.engine import Engine
 from swa_bench.model.args import PRESETS, build_args
-from swa_bench.model.engram import engram_table_rows, step_hash_ids
+from swa_bench.model.engram import step_hash_ids
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
@@ -75,7 +75,7 @@ def reference_hash_ids(tokens, args):
 def test_the_released_tables_have_the_released_row_counts():
     # config.json of V4.1-Flash: engram_vocab_size 16000000, 8 heads, n-grams up to 4
     args = PRESETS["v41-flash"].replace(engram_vocab_size=16_000_000)
-    assert engram_table_rows(args) == [384006168, 384016682]
+    assert args.engram_table_rows == [384006168, 384016682]
 
 
 def test_the_one_gpu_preset_shrinks_rows_not_per_token_work():
@@ -83,7 +83,7 @@ def test_the_one_gpu_preset_shrinks_rows_not_per_token_work():
     assert args.engram_layers == [1, 14] and args.engram_compressed_vocab_size == 99092
     cols = (args.engram_max_ngram_size - 1) * args.engram_n_heads
     assert cols * args.engram_head_dim == 6144 and args.dim * (args.hc_mult + 1) == 25600
-    rows = engram_table_rows(args)
+    rows = args.engram_table_rows
     assert all(2**20 <= r < 2**20 * 1.02 for r in rows), rows
 
 
