@@ -315,7 +315,9 @@ def check_e2(
 ) -> CheckResult:
     """Halo replay == the full prefill, in the case's graph mode: bitwise against the oracle's
     halo forward (rows, starts, streams, logits, caches), whose last-token logits and decoder
-    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope)."""
+    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope); so do
+    the DSpark draft rings (seeded from target layers' inputs at the last W rows, which the halo
+    computes exactly)."""
     config = dataclasses.replace(config, policy="halo")
     dtype = model.embed.weight.dtype
     with check_precision():
@@ -338,6 +340,11 @@ def check_e2(
             for i, ci in enumerate(workload.indices):
                 pairs.append((f"ring.{layer}[request {i}]", twin.cache.ring_window(layer, ci),
                               full.cache.ring_window(layer, ci)))
+        for stage in range(args.dspark_layers):
+            for i, ci in enumerate(workload.indices):
+                pairs.append((f"draft_ring.{stage}[request {i}]",
+                              twin.cache.draft_ring_window(stage, ci),
+                              full.cache.draft_ring_window(stage, ci)))
         env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, tol)
     trimmed = exp.num_tokens - len(exp.kept_rows)
     note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill envelope "

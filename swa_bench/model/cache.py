@@ -63,6 +63,11 @@ class KVCache:
         w = self.args.window
         return self.ring[layer][cache_index * w : (cache_index + 1) * w]
 
+    def draft_ring_window(self, stage: int, cache_index: int) -> torch.Tensor:
+        """The request's W ring slots of DSpark draft layer ``stage``."""
+        w = self.args.window
+        return self.draft_ring[stage][cache_index * w : (cache_index + 1) * w]
+
     def latent_rows(self, source: int, cache_index: int, length: int) -> torch.Tensor:
         """Positions ``[0, length)`` of a KV source's latent for one request."""
         base = cache_index * self.args.max_seq_len
