@@ -16,7 +16,10 @@ grouped GEMMs of the routed experts). Counted as the code runs them:
 * S's indexer (its selection and candidate blocks, published before the cut) runs on every row
   in both paths, with its own query latent (``wq_a``; the kept rows compute it again for S's
   attention); the index sources after S score as the others (the candidate restriction is a mask);
-* the MoE runs the gate, the k routed experts of each row and the shared experts.
+* the MoE runs the gate, the k routed experts of each row and the shared experts;
+* Engram's ``wkv`` runs on every row of the batch at each Engram layer (its table lookups are
+  gathers); DSpark's ``main_proj`` and each draft layer's ``wkv`` run on the rows the replay
+  layers run on (the draft blocks themselves are not run).
 
 Elementwise work (norms, RoPE, softmax, pooling, top-k sorting) is not counted. Steps padded for a
 graph run their padded rows too; this model counts the eager step.
@@ -137,6 +140,21 @@ def moe_flops(args: ModelArgs, num_rows: int) -> int:
     return num_rows * per_row
 
 
+def engram_flops(args: ModelArgs, num_rows: int) -> int:
+    """Engram's ``wkv`` (the concatenated rows to hc keys + one value) at every Engram layer."""
+    cols = (args.engram_max_ngram_size - 1) * args.engram_n_heads
+    per_layer = 2 * cols * args.engram_head_dim * args.dim * (args.hc_mult + 1)
+    return num_rows * per_layer * len(args.engram_layers)
+
+
+def dspark_flops(args: ModelArgs, num_rows: int) -> int:
+    """The draft rings' seeding: ``main_proj`` once, then each draft layer's ``wkv``."""
+    if not args.dspark_layers:
+        return 0
+    main_proj = 2 * len(args.dspark_target_layers) * args.dim * args.dim
+    return num_rows * (main_proj + args.dspark_layers * 2 * args.dim * args.head_dim)
+
+
 def head_flops(args: ModelArgs, num_logits: int) -> int:
     return num_logits * 2 * args.dim * args.vocab_size
 
@@ -155,7 +173,8 @@ def step_flops(
     kept = [QueryRows(r.seq_len - k, k, r.seq_len)
             for r, k in zip(requests, kept_lens, strict=True)]
     num_all, num_kept = sum(r.q_len for r in whole), sum(r.q_len for r in kept)
-    parts = dict.fromkeys(("projections", "attention", "indexer", "moe", "hc", "head"), 0)
+    parts = dict.fromkeys(("projections", "attention", "indexer", "moe", "hc", "engram",
+                           "dspark", "head"), 0)
     for layer in range(args.n_layers):
         rows = whole if layer < s else kept
         n = num_all if layer < s else num_kept
@@ -171,6 +190,8 @@ def step_flops(
         # Layer S's KV write on every row collapses with the pre-mix it was handed: its own
         # mixes run in the replay layers, on the kept rows.
         parts["hc"] += 2 * hyper_connection_flops(args, n)
+    parts["engram"] = engram_flops(args, num_all)
+    parts["dspark"] = dspark_flops(args, num_kept)
     num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
     parts["head"] = head_flops(args, num_logits)
     parts["total"] = sum(parts.values())

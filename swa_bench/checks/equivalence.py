@@ -123,14 +123,16 @@ def _trimmed_zero(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Di
     return [
         compare(f"{prefix}trimmed_rows.{name}", s.index_select(0, trimmed),
                 torch.zeros_like(s.index_select(0, trimmed)), None)
-        for name, s in _final_rows(out.streams, out.pre_mix)
+        for name, s in _row_outputs(out)
     ]
 
 
-def _final_rows(streams, pre_mix) -> list[tuple[str, torch.Tensor]]:
-    """A step's per-row outputs by name: the final mHC streams and the final pre-mix the head
-    collapses them with (the replay carries both out of the decoder)."""
-    return [*((f"stream{i}", s) for i, s in enumerate(streams)), ("pre_mix", pre_mix)]
+def _row_outputs(out) -> list[tuple[str, torch.Tensor]]:
+    """A step's per-row outputs by name: the final mHC streams, the final pre-mix the head
+    collapses them with (the replay carries both out of the decoder), then DSpark's aux hidden
+    states."""
+    named = [*((f"stream{i}", s) for i, s in enumerate(out.streams)), ("pre_mix", out.pre_mix)]
+    return named + ([] if out.aux_hidden is None else [("aux_hidden", out.aux_hidden)])
 
 
 def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: Engine,
@@ -139,8 +141,7 @@ def _versus_oracle(prefix: str, out: StepOutput, ora: oracle.OracleOutput, eng: 
     diags.append(compare(f"{prefix}logits", out.logits, ora.logits, None))
     diags += [
         compare(f"{prefix}{name}", a, b, None)
-        for (name, a), (_, b) in zip(_final_rows(out.streams, out.pre_mix),
-                                     _final_rows(ora.streams, ora.pre_mix), strict=True)
+        for (name, a), (_, b) in zip(_row_outputs(out), _row_outputs(ora), strict=True)
     ]
     diags += _trimmed_zero(prefix, out, ora.expected)
     diags += _publications(prefix, out, ora)
@@ -303,8 +304,8 @@ def check_e1(
         sampled = torch.tensor(sampled, dtype=torch.long, device=ref.logits.device)
         pairs = [("logits", ora.logits.index_select(0, sampled),
                   ref.logits.index_select(0, sampled))]
-        pairs += [(f"kept_rows.stream{i}", a.index_select(0, rows), b.index_select(0, rows))
-                  for i, (a, b) in enumerate(zip(ora.streams, ref.streams, strict=True))]
+        pairs += [(f"kept_rows.{name}", a.index_select(0, rows), b.index_select(0, rows))
+                  for (name, a), (_, b) in zip(_row_outputs(ora), _row_outputs(ref), strict=True)]
         theirs = truth.cache.tensors()
         pairs += [(f"cache.{n}", t, theirs[n]) for n, t in twin.cache.tensors().items()]
         env, ratio, max_abs = _envelope("reference:", pairs, dtype, tol)
@@ -339,7 +340,9 @@ def check_e2(
 ) -> CheckResult:
     """Halo replay == the full prefill, in the case's graph mode: bitwise against the oracle's
     halo forward (rows, starts, streams, logits, caches), whose last-token logits and decoder
-    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope)."""
+    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope); so do
+    the DSpark draft rings (seeded from target layers' inputs at the last W rows, which the halo
+    computes exactly)."""
     config = dataclasses.replace(config, policy="halo")
     dtype = model.embed.weight.dtype
     with check_precision():
@@ -362,6 +365,11 @@ def check_e2(
             for i, ci in enumerate(workload.indices):
                 pairs.append((f"ring.{layer}[request {i}]", twin.cache.ring_window(layer, ci),
                               full.cache.ring_window(layer, ci)))
+        for stage in range(args.dspark_layers):
+            for i, ci in enumerate(workload.indices):
+                pairs.append((f"draft_ring.{stage}[request {i}]",
+                              twin.cache.draft_ring_window(stage, ci),
+                              full.cache.draft_ring_window(stage, ci)))
         env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, tol)
     trimmed = exp.num_tokens - len(exp.kept_rows)
     note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill envelope "
@@ -411,8 +419,7 @@ def check_e3(
             ref = graph.eager_equivalent(requests, toks, indices, on=eager)
             diags.append(compare(f"step{n}.logits", out.logits, ref.logits, None))
             diags += [compare(f"step{n}.{name}", a, b, None)
-                      for (name, a), (_, b) in zip(_final_rows(out.streams, out.pre_mix),
-                                                   _final_rows(ref.streams, ref.pre_mix),
+                      for (name, a), (_, b) in zip(_row_outputs(out), _row_outputs(ref),
                                                    strict=True)]
             diags += _caches(f"step{n}.cache.", graph, eager, None)
     note = "padded sizes " + ", ".join("eager" if s is None else str(s) for s in sizes)

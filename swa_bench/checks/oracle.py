@@ -16,7 +16,11 @@ imports neither ``swa_bench.replay`` nor ``swa_bench.engine.dispatch``; a test e
   carries (``KeptRows``: the streams and the delayed mHC pre-mix, in and out);
 * ``bounded_reference_metadata``: the full-batch bounded reference of SPEC E1 (decoder windows
   masked below the oracle's kept starts, decoder ring writes only from kept rows), whose distance
-  to ``oracle_forward`` is the rounding envelope of two batch compositions of one function.
+  to ``oracle_forward`` is the rounding envelope of two batch compositions of one function;
+* DSpark's draft layers read aux hidden states of decoder layers, so they exist on kept rows
+  only: the oracle's route scatters them back like the streams (zeros at trimmed rows), the draft
+  rings are written from kept rows, and the bounded reference masks the draft layers' ring writes
+  to kept rows as it masks the decoder's.
 """
 
 from __future__ import annotations
@@ -287,6 +291,8 @@ class OracleOutput:
     # The kept rows' context when the step replays: its index selections (row j is batch row
     # ``expected.rows[j]``) and recorded index queries.
     kept_context: ForwardContext | None = None
+    # DSpark's aux hidden states of every real row (None without draft layers).
+    aux_hidden: torch.Tensor | None = None
 
 
 def oracle_forward(
@@ -316,10 +322,11 @@ def oracle_forward(
         replay_batch=kept,
     )
     with torch.inference_mode(), set_forward_context(ctx):
-        logits, streams, pre_mix = engine.model(step.input_ids)
+        logits, streams, pre_mix, aux = engine.model(step.input_ids)
     return OracleOutput(
         logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams),
         pre_mix[: step.num_tokens], step, expected, kept_ctx,
+        None if aux is None else aux[: step.num_tokens],
     )
 
 
@@ -328,7 +335,9 @@ def bounded_reference_metadata(
 ) -> dict[int, AttentionMetadata]:
     """Decoder-layer metadata of the full-batch bounded reference (SPEC E1): every row, windows
     masked below the oracle's kept starts, ring slots written only by kept rows. Layer S keeps the
-    batch metadata. For ``Engine.reference_step(layer_metadata=...)`` on an unpadded step."""
+    batch metadata; the DSpark draft layers (``n_layers ..``) take the decoder's, their rings too
+    written only by kept rows. For ``Engine.reference_step(layer_metadata=...)`` on an unpadded
+    step."""
     layouts = [
         replace(lay, window_start=ks)
         for lay, ks in zip(step.metadata.layouts, exp.window_starts, strict=True)
@@ -341,4 +350,5 @@ def bounded_reference_metadata(
     keep[list(exp.kept_rows)] = True
     trash = args.max_requests * args.window
     meta.ring_slot = torch.where(keep.to(meta.ring_slot.device), meta.ring_slot, trash)
-    return {layer: meta for layer in range(args.last_kv_source + 1, args.n_layers)}
+    return {layer: meta
+            for layer in range(args.last_kv_source + 1, args.n_layers + args.dspark_layers)}

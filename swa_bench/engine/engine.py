@@ -51,15 +51,20 @@ class StepOutput:
     replay_batch: ReplayBatch | None
     # The forward's context, kept only by ``reference_step`` (the checks read its selections).
     context: ForwardContext | None = None
+    # DSpark's aux hidden states of the real rows (zeros at rows replay trimmed); None without
+    # draft layers.
+    aux_hidden: torch.Tensor | None = None
 
     @classmethod
     def unpadded(
-        cls, logits: torch.Tensor, streams: Streams, pre_mix: torch.Tensor, step: StepBatch,
-        plan: StepPlan, replay_batch: ReplayBatch | None,
+        cls, logits: torch.Tensor, streams: Streams, pre_mix: torch.Tensor,
+        aux_hidden: torch.Tensor | None, step: StepBatch, plan: StepPlan,
+        replay_batch: ReplayBatch | None,
     ) -> StepOutput:
         """The real rows of a padded forward's outputs (views: no copy)."""
         return cls(logits[: step.num_logits], tuple(s[: step.num_tokens] for s in streams),
-                   pre_mix[: step.num_tokens], step, plan, replay_batch)
+                   pre_mix[: step.num_tokens], step, plan, replay_batch,
+                   aux_hidden=None if aux_hidden is None else aux_hidden[: step.num_tokens])
 
 
 def run_forward(model: Transformer, step: StepBatch, ctx: ForwardContext):
@@ -161,14 +166,15 @@ class Engine:
         if plan.graph_size is None:
             step = self.prepare(requests, tokens, cache_indices)
             ctx = self.forward_context(step, plan, self.cache, timer)
-            logits, streams, pre_mix = run_forward(self.model, step, ctx)
-            return StepOutput(logits, streams, pre_mix, step, plan, ctx.replay_batch)
+            logits, streams, pre_mix, aux = run_forward(self.model, step, ctx)
+            return StepOutput(logits, streams, pre_mix, step, plan, ctx.replay_batch,
+                              aux_hidden=aux)
         self.capture()
         padded = self.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
         step = self.graphs.load(padded, plan.graph_size)
         ctx = self.forward_context(step, plan, self.cache, timer)
-        logits, streams, pre_mix = self.graphs.run(plan.graph_size, ctx)
-        return StepOutput.unpadded(logits, streams, pre_mix, step, plan, ctx.replay_batch)
+        logits, streams, pre_mix, aux = self.graphs.run(plan.graph_size, ctx)
+        return StepOutput.unpadded(logits, streams, pre_mix, aux, step, plan, ctx.replay_batch)
 
     def eager_equivalent(
         self,
@@ -185,8 +191,8 @@ class Engine:
         plan = self.plan(requests)
         step = target.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
         ctx = self.forward_context(step, plan, target.cache)
-        logits, streams, pre_mix = run_forward(target.model, step, ctx)
-        return StepOutput.unpadded(logits, streams, pre_mix, step, plan, ctx.replay_batch)
+        logits, streams, pre_mix, aux = run_forward(target.model, step, ctx)
+        return StepOutput.unpadded(logits, streams, pre_mix, aux, step, plan, ctx.replay_batch)
 
     def reference_step(
         self,
@@ -212,11 +218,11 @@ class Engine:
             given_selection=dict(given_selection or {}),
             index_queries={} if record_index_queries else None,
         )
-        logits, streams, pre_mix = run_forward(self.model, step, ctx)
+        logits, streams, pre_mix, aux = run_forward(self.model, step, ctx)
         query = tuple(r.query_len for r in requests)
         plan = StepPlan(graph_size=None, shape_mode="varlen", replays=False, kept_lens=query,
                         num_tokens=sum(query), reason="reference: every layer on every row")
-        return StepOutput(logits, streams, pre_mix, step, plan, None, ctx)
+        return StepOutput(logits, streams, pre_mix, step, plan, None, ctx, aux)
 
     def policy_kept_lens(self, requests: Sequence[RequestSpec]) -> tuple[int, ...]:
         return policy_kept_lens(requests, self.config, self.args)

@@ -29,8 +29,7 @@ from swa_bench.graphs.standin import TapeSegment
 from swa_bench.model.batch import StepBatch, build_step
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
-from swa_bench.model.hyper_connection import Streams
-from swa_bench.model.model import Transformer
+from swa_bench.model.model import ModelOutput, Transformer
 
 CaptureMode = Literal["piecewise", "full"]
 
@@ -121,9 +120,9 @@ class CapturedGraphs:
         with torch.inference_mode():
             return step.copy_into(self.static_steps[size])
 
-    def run(self, size: int, ctx: ForwardContext) -> tuple[torch.Tensor, Streams, torch.Tensor]:
+    def run(self, size: int, ctx: ForwardContext) -> ModelOutput:
         """Replays the graph of ``size`` under ``ctx`` (its eager breaks read it): the static
-        (logits, streams, pre_mix), valid until the next replay."""
+        (logits, streams, pre_mix, aux hidden states), valid until the next replay."""
         with torch.inference_mode(), set_forward_context(self._bound(ctx)):
             return self.graphs[size].run()
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from swa_bench.model.ngram_hash import table_rows
+
 MAX_RESIDENT_BYTES = 4 * 2**40
 
 
@@ -88,9 +90,34 @@ class ModelArgs:
     norm_eps: float = 1e-20  # the reference's: RMSNorms and mHC's rsqrt statistic
     max_seq_len: int = 256
     max_requests: int = 16
+    # Engram (DeepSeek-V4.1 Engram): before these layers' blocks the streams get an n-gram hash
+    # lookup, gated per stream (reference ``engram_layer_ids``; [] is off). Each row hashes the
+    # 2- .. max_ngram_size-grams ending at it (n_heads hashes each) into prime-sized bucket ranges
+    # whose primes are searched upward from ``engram_vocab_size``; a table holds the sum of its
+    # layer's primes as rows (the reference's ``engram_num_embeddings``). The hashes read token
+    # ids through the tokenizer's normalising map onto ``engram_compressed_vocab_size`` ids;
+    # swa-bench has no tokenizer and maps ``id % engram_compressed_vocab_size`` (None: the
+    # vocabulary itself, an identity map). Every layer must run before the cut (at most S).
+    engram_layers: list[int] = field(default_factory=list)
+    engram_max_ngram_size: int = 4
+    engram_n_heads: int = 8
+    engram_head_dim: int = 256
+    engram_vocab_size: int = 16_000_000
+    engram_pad_id: int = 2
+    engram_compressed_vocab_size: int | None = None
+    # DSpark draft layers (DeepSeek-V4.1 DSpark, the reference's ``n_mtp_layers`` after the
+    # backbone, 0 is off): window-only layers with their own MoE, fed the mean over streams of the
+    # input streams of ``dspark_target_layers`` (decoder layers, after S). swa-bench seeds their
+    # window rings at every step and runs neither the draft blocks nor the draft heads.
+    dspark_layers: int = 0
+    dspark_target_layers: list[int] = field(default_factory=list)
+    dspark_n_routed_experts: int = 128
+    dspark_n_activated_experts: int = 3
 
     def __post_init__(self) -> None:
         self.kv_sources = list(self.kv_sources)
+        self.engram_layers = list(self.engram_layers)
+        self.dspark_target_layers = list(self.dspark_target_layers)
         problems = self.problems()
         if problems:
             field_name, message = problems[0]
@@ -166,6 +193,8 @@ class ModelArgs:
         elif self.kv_sources[0] < 0 or self.kv_sources[-1] >= self.n_layers:
             out.append(("kv_sources", f"layers must lie in [0, n_layers={self.n_layers})"))
         if not out:
+            out += self.engram_problems() + self.dspark_problems()
+        if not out:
             parts = self.least_resident_bytes()
             field_name, size = max(parts.items(), key=lambda kv: kv[1])
             total = sum(parts.values())
@@ -196,6 +225,62 @@ class ModelArgs:
                      f"{self.index_topk}")]
         return []
 
+    def engram_problems(self) -> list[tuple[str, str]]:
+        layers = self.engram_layers
+        if not layers:
+            return []
+        out = []
+        if sorted(set(layers)) != layers:
+            out.append(("engram_layers", "must be sorted and without duplicates"))
+        elif layers[0] < 0 or layers[-1] > self.last_kv_source:
+            out.append(("engram_layers", f"must lie in [0, S={self.last_kv_source}]: Engram runs "
+                                         "on every row, before the cut"))
+        if self.engram_max_ngram_size < 2:
+            out.append(("engram_max_ngram_size", "must be >= 2 (2-grams and up)"))
+        for name in ("engram_n_heads", "engram_head_dim", "engram_vocab_size"):
+            if getattr(self, name) < 1:
+                out.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.engram_compressed_vocab_size is not None and self.engram_compressed_vocab_size < 1:
+            out.append(("engram_compressed_vocab_size", "must be >= 1, or null for vocab_size"))
+        return out
+
+    def dspark_problems(self) -> list[tuple[str, str]]:
+        if self.dspark_layers < 0:
+            return [("dspark_layers", "must be >= 0")]
+        if not self.dspark_layers:
+            return []
+        targets, s = self.dspark_target_layers, self.last_kv_source
+        out = []
+        if not targets or sorted(set(targets)) != targets:
+            out.append(("dspark_target_layers", "needs sorted target layers without duplicates"))
+        elif targets[0] <= s or targets[-1] >= self.n_layers:
+            out.append(("dspark_target_layers", f"must be decoder layers, in (S={s}, "
+                                                f"n_layers={self.n_layers})"))
+        if not 1 <= self.dspark_n_activated_experts <= self.dspark_n_routed_experts:
+            out.append(("dspark_n_activated_experts", "must be in [1, dspark_n_routed_experts]"))
+        return out
+
+    @property
+    def engram_token_vocab(self) -> int:
+        """The ids the n-gram hashes read: the compressed vocabulary (reference
+        ``engram_compressed_vocab_size``; every hash multiplier is derived from it)."""
+        return self.engram_compressed_vocab_size or self.vocab_size
+
+    @property
+    def engram_table_rows(self) -> list[int]:
+        """Each Engram layer's table rows (reference ``engram_num_embeddings``): the sum of the
+        primes its hashes take modulo."""
+        return table_rows(self.engram_layers, self.engram_max_ngram_size, self.engram_n_heads,
+                          self.engram_vocab_size)
+
+    @property
+    def dspark_expert_pools(self) -> int:
+        """Routed-expert weight sets of the draft layers: each its own, or (with
+        ``expert_weight_pools``, the one-GPU storage sharing) at most that many, shared."""
+        if self.expert_weight_pools is None:
+            return self.dspark_layers
+        return min(self.expert_weight_pools, self.dspark_layers)
+
     def least_resident_bytes(self) -> dict[str, int]:
         """A lower bound of the model's memory in bf16, by the field that sets each part: the
         embedding, the routed experts and the KV caches (everything else only adds)."""
@@ -205,8 +290,11 @@ class ModelArgs:
             "vocab_size": 2 * self.vocab_size * self.dim,
             "n_routed_experts": 2 * pools * self.n_routed_experts * 3 * self.dim
             * self.moe_inter_dim,
-            "max_seq_len": 2 * rows * (self.n_layers * self.window
+            "max_seq_len": 2 * rows * ((self.n_layers + self.dspark_layers) * self.window
                                        + len(self.kv_sources) * self.max_seq_len),
+            "engram_vocab_size": 2 * self.engram_head_dim * sum(self.engram_table_rows),
+            "dspark_n_routed_experts": 2 * self.dspark_expert_pools * self.dspark_n_routed_experts
+            * 3 * self.dim * self.moe_inter_dim,
         }
 
     @property
@@ -311,8 +399,13 @@ PRESETS: dict[str, ModelArgs] = {
     ),
     # The real V4.1-Flash layer stack (SPEC section 1): 40 layers, S = 20 (21 layers on every
     # token, 19 decoder layers), top-512 sparse attention chosen by the indexer, 384 routed experts
-    # top-6 + 1 shared. Seeded dummy weights; the routed experts' storage is one 384-expert set
-    # shared by every layer (27 GiB in bf16), so the model takes about 43 GiB of an H200.
+    # top-6 + 1 shared, Engram at layers 1 and 14, 3 DSpark draft layers (128 experts top-3) fed
+    # by layers 37-39. Seeded dummy weights; the routed experts' storage is one 384-expert set
+    # shared by every layer (27 GiB in bf16) and one 128-expert set shared by the draft layers
+    # (9 GiB). Engram keeps V4.1-Flash's per-token work and bytes read per token (8 heads x 3
+    # n-gram sizes of 256-wide rows, wkv 6144 -> 25600) with tables of about 2^20 rows instead of
+    # 384M (98 GB each in fp8): the prime search starts at 2^20 // 24 instead of 16M, hashing the
+    # reference's way into the smaller tables. About 56 GiB of an H200 in all.
     "v41-flash": ModelArgs(
         vocab_size=129280,
         dim=5120,
@@ -348,10 +441,22 @@ PRESETS: dict[str, ModelArgs] = {
         beta_slow=1,
         max_seq_len=65536 + 256,
         max_requests=8,
+        engram_layers=[1, 14],
+        engram_max_ngram_size=4,
+        engram_n_heads=8,
+        engram_head_dim=256,
+        engram_vocab_size=2**20 // 24,
+        engram_pad_id=2,
+        engram_compressed_vocab_size=99092,
+        dspark_layers=3,
+        dspark_target_layers=[37, 38, 39],
+        dspark_n_routed_experts=128,
+        dspark_n_activated_experts=3,
     ),
     # V4.1-Flash's structure in miniature for CPU tests: window-only, sparse encoder with compressed
     # sources, S, a sparse decoder with index sources of its own, routed experts on shared storage,
-    # YaRN on the layers with global KV (a training context of 32 positions).
+    # YaRN on the layers with global KV (a training context of 32 positions), Engram at a
+    # window-only and an encoder layer, draft layers fed by the last decoder layers.
     "sparse-tiny": ModelArgs(
         n_layers=10,
         kv_sources=[2, 4, 5],
@@ -369,6 +474,14 @@ PRESETS: dict[str, ModelArgs] = {
         expert_weight_pools=2,
         original_seq_len=32,
         rope_factor=4.0,
+        engram_layers=[1, 3],
+        engram_n_heads=2,
+        engram_head_dim=8,
+        engram_vocab_size=61,
+        dspark_layers=2,
+        dspark_target_layers=[8, 9],
+        dspark_n_routed_experts=4,
+        dspark_n_activated_experts=2,
     ),
     # The trained model shipped with the project (swa_bench/checkpoints/v41-mini.safetensors,
     # ``python -m swa_bench.train``): V4.1's structure at byte-level size, a window small enough
@@ -404,6 +517,14 @@ PRESETS: dict[str, ModelArgs] = {
         expert_weight_pools=2,
         max_seq_len=320,
         max_requests=16,
+        engram_layers=[1, 3],
+        engram_n_heads=4,
+        engram_head_dim=16,
+        engram_vocab_size=509,
+        dspark_layers=3,
+        dspark_target_layers=[5, 6, 7],
+        dspark_n_routed_experts=8,
+        dspark_n_activated_experts=2,
     ),
 }
 

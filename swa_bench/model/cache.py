@@ -10,6 +10,10 @@
 
 Every one is a flat ``[rows + 1, ...]`` tensor whose last row is the trash slot (see batch.py):
 request slot ``c``'s group ``j`` is row ``c * groups(s) + j``.
+
+* Engram (``engram_layers``): every request's compressed token ids by position, the n-gram
+  history a row's hashes read across chunks and decode steps (global-slot layout);
+* DSpark (``dspark_layers``): each draft layer's window ring, seeded from the aux hidden states.
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ class KVCache:
                            device=device, dtype=torch.float32)
             for s in args.kv_sources if self.ratio(s) > 1
         }
+        # Engram's token history and the DSpark draft layers' rings (empty when off).
+        global_rows = args.max_requests * args.max_seq_len + 1
+        # Engram's token history and the DSpark draft layers' rings (empty when off).
+        self.engram_tokens = torch.zeros(global_rows if args.engram_layers else 1,
+                                         device=device, dtype=torch.long)
+        self.draft_ring = [
+            torch.zeros(ring_rows, args.head_dim, device=device, dtype=dtype)
+            for _ in range(args.dspark_layers)
+        ]
 
     def ratio(self, source: int) -> int:
         return self.args.compress_ratio_for(source)
@@ -57,11 +70,14 @@ class KVCache:
         out.update({f"compressed.{s}": t[:-1] for s, t in self.compressed.items()})
         out.update({f"index_keys.{s}": t[:-1] for s, t in self.index_keys.items()})
         out.update({f"group_state.{s}": t[:-1] for s, t in self.group_state.items()})
+        if self.args.engram_layers:
+            out["engram_tokens"] = self.engram_tokens[:-1]
+        out.update({f"draft_ring.{j}": t[:-1] for j, t in enumerate(self.draft_ring)})
         return out
 
     def _raw(self) -> list[torch.Tensor]:
         return [*self.ring, *self.compressed.values(), *self.index_keys.values(),
-                *self.group_state.values()]
+                *self.group_state.values(), self.engram_tokens, *self.draft_ring]
 
     def ring_window(self, layer: int, cache_index: int) -> torch.Tensor:
         """The request's W ring slots of ``layer`` (slot = position mod W)."""
@@ -72,6 +88,11 @@ class KVCache:
         """Groups ``[0, n)`` of a KV source's compressed KV for one request."""
         base = cache_index * self.groups(source)
         return self.compressed[source][base : base + n]
+
+    def draft_ring_window(self, stage: int, cache_index: int) -> torch.Tensor:
+        """The request's W ring slots of DSpark draft layer ``stage``."""
+        w = self.args.window
+        return self.draft_ring[stage][cache_index * w : (cache_index + 1) * w]
 
     def index_key_rows(self, source: int, cache_index: int, n: int) -> torch.Tensor:
         """Groups ``[0, n)`` of a KV source's index keys for one request."""

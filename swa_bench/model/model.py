@@ -1,10 +1,11 @@
 """A DeepSeek-V4.1-style layer stack in plain PyTorch, readable top to bottom.
 
     tokens -> embedding -> mHC streams
-      -> window-only layers (window ring)
+      -> window-only layers (window ring); Engram before its layers (n-gram lookups, every row)
       -> encoder layers (window ring + compressed KV of the closest KV source)
       -> layer S: write batch KV (its latent for every row) | the rest of S
       -> decoder layers (window ring + S's global KV)          } the replay layers
+      -> DSpark draft rings, from the target layers' inputs      }
       -> head on the logits rows
 
 Every attention block attends to [its window KV] + [the global/compressed KV visible at the row],
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,8 @@ from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
+from swa_bench.model.dspark import DSpark, aux_hidden
+from swa_bench.model.engram import Engram, engram_input, step_hash_ids
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.hyper_connection import HyperConnection, Mixes, Streams
@@ -66,6 +70,38 @@ class ReplayInputs:
         if len(tensors) < hc + 1:
             raise ValueError(f"replay inputs are {hc} streams and a pre-mix, got {len(tensors)}")
         return cls(tuple(tensors[:hc]), tensors[hc], tuple(tensors[hc + 1 :]))
+
+
+@dataclass
+class ReplayOutputs:
+    """What the replay layers give back of each row: the final streams and the final pre-mix,
+    then (with DSpark draft layers) the aux hidden states the drafter reads; scattered back to
+    batch rows, zeros at trimmed rows."""
+
+    streams: Streams
+    pre_mix: torch.Tensor
+    aux_hidden: torch.Tensor | None = None
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        aux = () if self.aux_hidden is None else (self.aux_hidden,)
+        return (*self.streams, self.pre_mix, *aux)
+
+    @classmethod
+    def of(cls, hc: int, tensors: Sequence[torch.Tensor]) -> ReplayOutputs:
+        if len(tensors) not in (hc + 1, hc + 2):
+            raise ValueError(f"replay outputs are {hc} streams, a pre-mix and at most the aux "
+                             f"hidden states, got {len(tensors)}")
+        return cls(tuple(tensors[:hc]), tensors[hc], tensors[hc + 1] if len(tensors) > hc + 1
+                   else None)
+
+
+class ModelOutput(NamedTuple):
+    """One forward's outputs (``Transformer.forward``)."""
+
+    logits: torch.Tensor  # [logits rows, vocab] fp32
+    streams: Streams  # the final mHC streams of every row
+    pre_mix: torch.Tensor  # [rows, hc] fp32: the final pre-mix the head collapses with
+    aux_hidden: torch.Tensor | None  # DSpark's aux hidden states of every row, or None
 
 
 def replay_layers(
@@ -116,6 +152,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, layer)
         self.moe = MoE(args, experts)
+        # Applied to the block's input streams by the stack (reference ``Block.engram``).
+        self.engram = Engram(args, layer) if layer in args.engram_layers else None
 
     def hc_mixes(self, part: str, streams: Streams) -> Mixes | None:
         """``part``'s (attn or ffn) coefficients of ``streams``; none for one stream."""
@@ -161,25 +199,32 @@ class Transformer(nn.Module):
         )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.dspark = DSpark(args) if args.dspark_layers else None
 
     @property
     def last_kv_source(self) -> Block:
         return self.layers[self.args.last_kv_source]
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Streams, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor) -> ModelOutput:
         """Logits at the context's logits rows, the final streams and the final pre-mix of every
-        row (`Transformer.forward`: the embedding as ``hc_mult`` streams, a one-hot pre-mix)."""
+        row (`Transformer.forward`: the embedding as ``hc_mult`` streams, a one-hot pre-mix;
+        Engram's lookup added to the input streams of its layers, S's included), and the DSpark
+        aux hidden states of every row (None without draft layers). Rows the replay trimmed hold
+        zeros."""
         x = self.embed(input_ids)
         streams: Streams = (x,) * self.args.hc_mult  # read-only: the first post makes new ones
         pre_mix = self.hc.identity_pre_mix(x)
+        hashes = step_hash_ids(input_ids, self.args) if self.args.engram_layers else None
         for block in self.layers[: self.args.last_kv_source]:
-            streams, pre_mix = block(streams, pre_mix)
+            streams, pre_mix = block(engram_input(block.engram, streams, hashes), pre_mix)
+        streams = engram_input(self.last_kv_source.engram, streams, hashes)
         x_s, kv_s = self.last_kv_source.write_batch_kv(streams, pre_mix)
         published = self.publications(x_s)
         out = replay_layers(self.run_replay_layers, kv_s,
                             *ReplayInputs(streams, pre_mix, published).tensors())
-        final = ReplayInputs.of(self.args.hc_mult, out)
-        return self.compute_logits(final.streams, final.pre_mix), final.streams, final.pre_mix
+        final = ReplayOutputs.of(self.args.hc_mult, out)
+        return ModelOutput(self.compute_logits(final.streams, final.pre_mix), final.streams,
+                           final.pre_mix, final.aux_hidden)
 
     def publications(self, x_s: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """S's indexer on every row, part of its batch-KV work: its top-k selection and, with
@@ -194,14 +239,22 @@ class Transformer(nn.Module):
         """The rest of S and the decoder on the rows given (the batch, or the replay batch):
         ``kv_s`` is S's KV of every batch row, ``inputs`` a flat ``ReplayInputs`` of these rows;
         S's attention input is computed again here from them, and S's publications are read by
-        the layers from the context. Returns the flat final ``ReplayInputs`` (streams and
-        pre-mix) of these rows."""
+        the layers from the context. Returns the flat ``ReplayOutputs`` of these rows: the final
+        streams and pre-mix, then (with DSpark) the aux hidden states, after seeding the draft
+        rings from them."""
         rows = ReplayInputs.of(self.args.hc_mult, inputs)
         self.receive_publications(rows.publications)
         streams, pre_mix = self.last_kv_source(rows.streams, rows.pre_mix, kv_s)
+        targets, aux = self.args.dspark_target_layers, []
         for block in self.layers[self.args.last_kv_source + 1 :]:
+            if block.layer in targets:  # the draft layers read the target's input streams
+                aux.append(aux_hidden(streams))
             streams, pre_mix = block(streams, pre_mix)
-        return ReplayInputs(streams, pre_mix).tensors()
+        if self.dspark is None:
+            return ReplayOutputs(streams, pre_mix).tensors()
+        main_hidden = torch.cat(aux, dim=-1)
+        self.dspark.seed_rings(main_hidden)
+        return ReplayOutputs(streams, pre_mix, main_hidden).tensors()
 
     def receive_publications(self, published: tuple[torch.Tensor, ...]) -> None:
         """S's publications of these rows into the current context, for S and the layers after."""
@@ -235,7 +288,7 @@ def init_weights(model: Transformer, seed: int) -> None:
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", "q_weight", "k_weight")):  # Engram's: ones
                 p.fill_(1.0)
                 continue
             p.normal_(generator=gen)
@@ -243,7 +296,7 @@ def init_weights(model: Transformer, seed: int) -> None:
                 p.mul_(0.5)
             elif name.endswith("moe.gate.bias"):
                 p.mul_(GATE_BIAS_STD)
-            elif name != "embed.weight":
+            elif not name.endswith("embed.weight"):  # the embedding and Engram's tables
                 fan_in = p.shape[-2] if name.endswith("wo_a") else p.shape[-1]
                 p.mul_(1 / math.sqrt(fan_in))
 

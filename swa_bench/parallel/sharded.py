@@ -156,6 +156,8 @@ def shard_of(name: str, full: torch.Tensor, layout: ParallelLayout, tp_rank: int
         return torch.cat([part(h, dim, parts, index) for h in t.chunk(2, dim=dim)], dim=dim)
 
     leaf = name.rsplit(".", 1)[-1]
+    if name.startswith("dspark."):  # the draft layers' blocks run nowhere: kept whole
+        return full
     if name.endswith(("attn.wq_b.weight", "attn.sink", "attn.wo_a")):
         return part(full, 0, tp, tp_rank)
     if name.endswith("attn.wo_b.weight"):

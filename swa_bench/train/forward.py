@@ -23,6 +23,10 @@ global positions (head-averaged, detached) to the indexer's softmax over the sam
 with the indexer's inputs detached (that loss trains the indexer alone).
 Routed experts run on every row with the routing weights as a mask (the same function as the
 grouped dispatch; CPU's ``torch._grouped_mm`` has no usable backward).
+Engram adds its lookup before its layers' blocks, hashing each sequence's n-grams from position
+0 (``engram.sequence_ngrams``: the same hash ids as the cache's token history gives a prefill).
+The DSpark draft layers are not trained: their rings are inference state and nothing here reads
+them, so their weights get no gradient.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from swa_bench.model.engram import compress_ids, engram_input, engram_layout
 from swa_bench.model.key_sources import visible_counts, visible_mask
 from swa_bench.model.model import Transformer
 from swa_bench.model.moe import MoE, swiglu
+from swa_bench.model.ngram_hash import ngram_hash_ids, sequence_ngrams
 from swa_bench.model.sparse_attention import candidate_blocks, candidate_mask, select_top_k
 
 
@@ -90,7 +96,13 @@ def train_forward(model: Transformer, tokens: torch.Tensor) -> TrainOutput:
     candidates: torch.Tensor | None = None  # S's candidate blocks [B * T, width]
     win = window_mask(t, args.window, dev)
     kls = []
+    hashes = None
+    if args.engram_layers:
+        layout = engram_layout(args, dev)
+        ngrams = sequence_ngrams(compress_ids(tokens, args), layout.pad_id, layout.max_ngram)
+        hashes = ngram_hash_ids(ngrams, layout)
     for block in model.layers:
+        streams = engram_input(block.engram, streams, hashes)
         attn = block.attn
         attn_mix = block.hc_mixes("attn", streams)
         h = block.attn_input(streams, pre_mix)

@@ -8,6 +8,8 @@ from swa_bench.bench.flop_model import (
     attention_core_flops,
     attention_projection_flops,
     chunks,
+    dspark_flops,
+    engram_flops,
     head_flops,
     hyper_connection_flops,
     indexer_flops,
@@ -61,6 +63,17 @@ def test_moe():
 
 def test_head():
     assert head_flops(SMALL, 2) == 2 * 2 * 8 * 10
+
+
+def test_engram_and_dspark():
+    args = SMALL.replace(engram_layers=[0, 1], engram_max_ngram_size=3, engram_n_heads=2,
+                         engram_head_dim=4, engram_vocab_size=7, dspark_layers=2,
+                         dspark_target_layers=[3])
+    # wkv: (2 sizes x 2 heads x 4) -> 8 x (2 streams + 1 value), per Engram layer
+    assert engram_flops(args, 3) == 3 * 2 * (2 * 16 * 24)
+    # main_proj (1 target x 8) -> 8, then each draft layer's wkv 8 -> 4
+    assert dspark_flops(args, 3) == 3 * (2 * 8 * 8 + 2 * (2 * 8 * 4))
+    assert engram_flops(SMALL, 3) == dspark_flops(SMALL, 3) == 0
 
 
 def test_sparse_attention_reads_window_plus_top_k():
