@@ -27,7 +27,7 @@ from torch import nn
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import get_forward_context
-from swa_bench.model.hyper_connection import HyperConnection, Streams
+from swa_bench.model.hyper_connection import Streams, add_mix_parameters
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
 from swa_bench.model.rope import RopeSpec, apply_rope
@@ -72,7 +72,7 @@ class DSparkBlock(nn.Module):
 
     def __init__(self, args: ModelArgs, stage: int, experts: RoutedExperts | None) -> None:
         super().__init__()
-        self.attn_hc, self.ffn_hc = HyperConnection(args), HyperConnection(args)
+        add_mix_parameters(self, args)  # weights of a draft block swa-bench does not run
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = DraftAttention(args)

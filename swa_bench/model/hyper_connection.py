@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from swa_bench.kernels import fused_hc, hc_post, hc_pre, hc_project, hc_split_sinkhorn
 from swa_bench.model.args import ModelArgs
@@ -136,3 +137,19 @@ def weighted_sum(terms: Sequence[torch.Tensor], gains: Sequence[torch.Tensor]) -
     for term, gain in zip(terms[1:], gains[1:], strict=True):
         acc.addcmul_(term, gain)
     return acc.to(terms[0].dtype)
+
+
+def add_mix_parameters(block: nn.Module, args: ModelArgs) -> None:
+    """A block's mHC weights under the reference's names (``Block.__init__``), fp32 whatever the
+    model dtype: ``hc_{attn,ffn}_fn [(2+hc) hc, hc dim]``, ``_base [(2+hc) hc]``, ``_scale [3]``;
+    none for one stream (the plain residual)."""
+    if args.hc_mult == 1:
+        return
+    mix_hc, hc_dim = (2 + args.hc_mult) * args.hc_mult, args.hc_mult * args.dim
+    for part in ("attn", "ffn"):
+        block.register_parameter(f"hc_{part}_fn", nn.Parameter(
+            torch.empty(mix_hc, hc_dim, dtype=torch.float32)))
+        block.register_parameter(f"hc_{part}_base", nn.Parameter(
+            torch.empty(mix_hc, dtype=torch.float32)))
+        block.register_parameter(f"hc_{part}_scale", nn.Parameter(
+            torch.empty(3, dtype=torch.float32)))

@@ -35,7 +35,12 @@ from swa_bench.model.dspark import DSpark, aux_hidden
 from swa_bench.model.engram import Engram, engram_input, step_hash_ids
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.graph_breaks import eager_break
-from swa_bench.model.hyper_connection import HyperConnection, Mixes, Streams
+from swa_bench.model.hyper_connection import (
+    HyperConnection,
+    Mixes,
+    Streams,
+    add_mix_parameters,
+)
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
@@ -139,15 +144,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.hc = HyperConnection.from_args(args)
-        if args.hc_mult > 1:
-            mix_hc, hc_dim = (2 + args.hc_mult) * args.hc_mult, args.hc_mult * args.dim
-            for part in ("attn", "ffn"):  # fp32 whatever the model dtype, as the reference's
-                self.register_parameter(f"hc_{part}_fn", nn.Parameter(
-                    torch.empty(mix_hc, hc_dim, dtype=torch.float32)))
-                self.register_parameter(f"hc_{part}_base", nn.Parameter(
-                    torch.empty(mix_hc, dtype=torch.float32)))
-                self.register_parameter(f"hc_{part}_scale", nn.Parameter(
-                    torch.empty(3, dtype=torch.float32)))
+        add_mix_parameters(self, args)
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, layer)
