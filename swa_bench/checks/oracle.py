@@ -36,7 +36,7 @@ from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, RequestLayout, StepBatch, make_metadata
 from swa_bench.model.cache import KVCache
 from swa_bench.model.forward_context import ForwardContext, set_forward_context
-from swa_bench.model.model import ReplayInputs
+from swa_bench.model.model import ReplayInputs, ReplayOutputs
 from swa_bench.model.requests import RequestSpec
 
 if TYPE_CHECKING:
@@ -272,9 +272,11 @@ class KeptRows:
                               given.pre_mix.index_select(0, self.rows),
                               tuple(p.index_select(0, self.rows) for p in given.publications))
         with set_forward_context(self.context):
-            final = ReplayInputs.of(self.hc, run_layers(kv_s, *picked.tensors()))
-        spread = ReplayInputs(tuple(self._scatter(kv_s, s) for s in final.streams),
-                              self._scatter(kv_s, final.pre_mix))
+            final = ReplayOutputs.of(self.hc, run_layers(kv_s, *picked.tensors()))
+        aux = final.aux_hidden
+        spread = ReplayOutputs(tuple(self._scatter(kv_s, s) for s in final.streams),
+                               self._scatter(kv_s, final.pre_mix),
+                               None if aux is None else self._scatter(kv_s, aux))
         return spread.tensors()
 
     def _scatter(self, kv_s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from swa_bench.model.args import build_args
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec as R
-from swa_bench.model.rope import apply_rope
+from swa_bench.model.rope import RopeSpec, apply_rope
 
 BATCH = [R(20, decode=True), R(30), R(40, cached_len=5, chunk_size=12), R(14, cached_len=4),
          R(13, prompt_logprobs=True)]
@@ -63,7 +63,7 @@ def test_rings_are_seeded_from_the_target_layers_inputs_at_prefill_and_decode(mo
             for j, block in enumerate(model.dspark.mtp):
                 kv = rms(main_x @ block.attn.wkv.weight.T, block.attn.kv_norm.weight,
                          args.norm_eps)
-                kv = apply_rope(kv, pos, args.rope_dim, args.rope_theta, args.max_seq_len)
+                kv = apply_rope(kv, pos, RopeSpec(args.rope_dim, args.rope_theta, args.max_seq_len))
                 ring = engine.cache.tensors()[f"draft_ring.{j}"][3 * w : 4 * w]
                 last = positions[-w:]
                 torch.testing.assert_close(ring[[p % w for p in last]], kv[-len(last):],

@@ -157,7 +157,7 @@ def test_the_stack_carries_the_delayed_pre_mix():
     want_streams, want_pre, want_head = ref_forward(model, model.embed(ids))
     ctx = ForwardContext(None, torch.tensor([0, 2]), None, TORCH_KERNELS)
     with torch.no_grad(), set_forward_context(ctx):
-        logits, streams, pre_mix = model(ids)
+        logits, streams, pre_mix, _ = model(ids)
     for r in range(3):
         for i in range(HC):
             torch.testing.assert_close(streams[i][r].double(),
@@ -188,7 +188,7 @@ def test_one_stream_is_a_plain_residual():
             want = want + torch.tanh((1.5 - 0.1 * i) * block.ffn_norm(want))
         ctx = ForwardContext(None, torch.tensor([1]), None, TORCH_KERNELS)
         with set_forward_context(ctx):
-            _, streams, pre_mix = model(ids)
+            _, streams, pre_mix, _ = model(ids)
     assert torch.equal(pre_mix, torch.ones(2, 1))
     torch.testing.assert_close(streams[0], want)
 

@@ -122,7 +122,7 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch)
         return real_run(self, spy, batch_kv, *inputs)
 
     monkeypatch.setattr(ReplayBatch, "run", run)
-    _, streams, pre_mix = forward(tiny_model, step, engine.cache, replay_batch)
+    _, streams, pre_mix, _ = forward(tiny_model, step, engine.cache, replay_batch)
     assert seen["context"] is replay_batch.forward_context, "kept rows run under their context"
     rows = replay_batch.rows
     # the per-row inputs: the streams entering S and S's attention pre-mix, fp32 [T, hc]
@@ -158,7 +158,7 @@ def test_e1_fails_if_layer_s_used_kept_starts(tiny_model, workload):
         ),
     )
     replay_batch.forward_context.layer_metadata[s] = wrong
-    logits, _, _ = forward(tiny_model, step, engine.cache, replay_batch)
+    logits, *_ = forward(tiny_model, step, engine.cache, replay_batch)
     unpadded = reference.prepare(workload.requests, workload.step_tokens)
     bounded = bounded_reference_metadata(unpadded, expect_for(reference, workload.requests),
                                          tiny_model.args)

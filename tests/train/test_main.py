@@ -135,7 +135,7 @@ IN_A_SUBPROCESS = [
     refusal(["--steps", "many"], "argument --steps: invalid int value"),
     refusal(["--out", "tr/link.safetensors", "--overwrite"], "is a symlink to"),
     refusal(["--batch", "64", "--seq-len", "320"], "--batch 64 x --seq-len 320: a training "
-                                                   "step needs 12."),
+                                                   "step needs 14."),
 ]
 
 
