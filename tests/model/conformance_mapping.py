@@ -223,11 +223,12 @@ class Loaded:
 
 
 def load_reference_weights(model: torch.nn.Module, mapped: dict[str, torch.Tensor]) -> Loaded:
-    """Copies ``mapped`` into ``model``'s parameters. Every swa-bench parameter must be filled;
+    """Copies ``mapped`` into ``model``'s state. Every swa-bench parameter must be filled;
     a mapped tensor may go unused only under the DSpark prefix (the draft block and heads, which
     swa-bench does not run)."""
     state = model.state_dict()
-    unfilled = sorted(k for k in state if k not in mapped)
+    params = dict(model.named_parameters())  # buffers (tables, caches) are not weights
+    unfilled = sorted(k for k in params if k not in mapped)
     unused = sorted(k for k in mapped if k not in state and not k.startswith(DSPARK_PREFIX + "."))
     shape_errors = []
     with torch.no_grad():
