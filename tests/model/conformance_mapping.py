@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from swa_bench.model.args import MODEL_FIELDS, ModelArgs
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "conformance" / "v41-tiny"
-DSPARK_PREFIX = "dspark"  # swa-bench's module list of DSpark draft layers (reference: mtp)
+DSPARK_PREFIX = "dspark.mtp"  # swa-bench's DSpark draft layers (reference: mtp)
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,15 @@ def swa_bench_args(ref: dict) -> ArgsMapping:
       o_lora_rank, n_routed_experts, n_activated_experts, n_shared_experts, moe_inter_dim,
       hc_mult, hc_sinkhorn_iters, hc_eps, index_topk, index_n_heads, index_head_dim, rope_theta,
       compress_rope_theta, original_seq_len, rope_factor, beta_fast, beta_slow, route_scale,
-      swiglu_limit, norm_eps, max_seq_len, candidate_topk_blocks, candidate_block_size, the
-      engram_* table fields;
+      swiglu_limit, norm_eps, max_seq_len, candidate_topk_blocks, candidate_block_size,
+      engram_max_ngram_size, engram_n_heads, engram_head_dim, engram_vocab_size, engram_pad_id;
     * renamed: rope_dim = rope_head_dim, window = window_size, kv_sources = kv_source_layers,
       index_sources = index_source_layers, max_requests = max_batch_size, engram_layers =
       engram_layer_ids, dspark_layers = n_mtp_layers, dspark_target_layers =
       dspark_target_layer_ids, dspark_n_routed_experts / dspark_n_activated_experts;
     * derived: compress_ratio = the encoder's ratio of compress_ratios (swa-bench derives the
       per-layer list from kv_sources: checked equal); the candidate source is S (checked);
+      engram_num_embeddings = swa-bench's ``engram_table_rows`` (the summed primes: checked);
     * fixed in swa-bench (checked at the reference's value): score_func sqrtsoftplus,
       gate_temp 1, norm_topk_prob, one shared expert, no vision; the Engram compressed vocab is
       the identity map (CARD.md), so engram_compressed_vocab_size must equal vocab_size unless
@@ -114,7 +115,6 @@ def swa_bench_args(ref: dict) -> ArgsMapping:
         "engram_max_ngram_size": ref["engram_max_ngram_size"],
         "engram_n_heads": ref["engram_n_heads"], "engram_head_dim": ref["engram_head_dim"],
         "engram_vocab_size": ref["engram_vocab_size"],
-        "engram_num_embeddings": list(ref["engram_num_embeddings"]),
         "engram_pad_id": ref["engram_pad_id"],
         "dspark_layers": ref["n_mtp_layers"] if ref["dspark_block_size"] else 0,
         "dspark_target_layers": list(ref["dspark_target_layer_ids"]),
@@ -132,6 +132,12 @@ def swa_bench_args(ref: dict) -> ArgsMapping:
     missing = [f"{k} (= {v!r})" for k, v in wanted.items() if k not in MODEL_FIELDS]
     present = {k: v for k, v in {**wanted, **optional}.items() if k in MODEL_FIELDS}
     args = ModelArgs(**present)
+    if getattr(args, "engram_layers", None):
+        from swa_bench.model.engram import engram_table_rows
+
+        rows = list(engram_table_rows(args))
+        if rows != list(ref["engram_num_embeddings"]):
+            missing.append(f"engram table rows {rows} (= {ref['engram_num_embeddings']!r})")
     derived = [args.compress_ratio_for(i) or 0 for i in range(n)]
     assert derived == ratios[:n], f"compress_ratios {ratios[:n]} != swa-bench's {derived}"
     assert all(r == 0 for r in ratios[n:]), "DSpark draft layers are window-only"
@@ -276,15 +282,15 @@ def group_state(cache, source: int, row: int, positions: range) -> tuple[torch.T
 
 def draft_ring(cache, stage: int, row: int) -> torch.Tensor:
     """DSpark draft layer ``stage``'s window ring of request slot ``row`` (the reference's
-    ``mtp[stage].attn.window_kv_cache[row]``)."""
+    ``mtp[stage].attn.window_kv_cache[row]``; slot = position mod W, as the layers' rings)."""
     w = cache.args.window
-    return cache.dspark_ring[stage][row * w : (row + 1) * w]
+    return cache.draft_ring[stage][row * w : (row + 1) * w]
 
 
 def main_hidden(out) -> torch.Tensor | None:
     """The DSpark aux hidden states of a step's rows (the reference's ``main_hidden``: the mean
     over streams of each target layer's input, concatenated), None where the engine gives none."""
-    for name in ("main_hidden", "aux_hidden_states", "aux_hidden"):
+    for name in ("aux_hidden", "main_hidden"):
         value = getattr(out, name, None)
         if value is not None:
             return value

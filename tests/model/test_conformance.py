@@ -177,6 +177,38 @@ def test_caches_match_the_reference(reference, conformance, stage):
     assert not bad, f"{len(bad)} caches differ from the reference: {bad}"
 
 
+@pytest.mark.parametrize("dims", ["nope", "rope"])
+def test_layer0_window_ring_matches_the_reference(reference, conformance, dims):
+    """Where a failure starts: layer 0's ring is ``kv_norm(wkv(attn_norm(embed)))`` (its streams
+    are copies of the embedding, so any positive pre-mix gives the same normed input; no Engram
+    before layer 0): its first head_dim - rope_dim features need only the weight mapping, the
+    engine's positions and ring slots (they pass before the layers conform); its last rope_dim
+    features add the window-only layers' RoPE (interleaved pairs, rope_theta, no YaRN)."""
+    rope = reference.config["rope_head_dim"]
+    part = slice(None, -rope) if dims == "nope" else slice(-rope, None)
+    for stage in ("prefill", "final"):
+        got = conformance.caches[f"{stage}.layers.0.window_kv_cache"]
+        want = reference.expected[f"{stage}.layers.0.window_kv_cache"]
+        assert not isinstance(got, str), got
+        diff = max_diff(got[..., part], want[..., part])
+        assert diff < TOL, f"{stage}: layer 0's ring ({dims} features) differs by {diff:.3g}"
+
+
+def test_engram_hash_ids_match_the_reference(reference):
+    """Where an Engram failure starts: the table rows every fed position (prompt, then the 16
+    decode tokens) looks up, by swa-bench's hashing of whole sequences (the engine's per-step
+    hashing from the cache's token history is held to it by the Engram tests), bit for bit."""
+    from swa_bench.model import engram
+
+    args = cm.swa_bench_args(reference.config).args
+    ids = torch.cat([reference.prompt, reference.decode_tokens], dim=1)
+    layout = engram.engram_layout(args, ids.device)
+    ngrams = engram.sequence_ngrams(engram.compress_ids(ids, args), layout.pad_id,
+                                    layout.max_ngram)
+    want = reference.expected["engram_hash_ids"]
+    assert torch.equal(engram.ngram_hash_ids(ngrams, layout).view(want.shape), want)
+
+
 def test_dspark_aux_hidden_states_match_the_reference(reference, conformance):
     """main_hidden: the mean over streams of each target layer's input, concatenated, of every
     prefill row and of each decode row."""
