@@ -260,6 +260,13 @@ def mean_pooled_compressor(monkeypatch):
     monkeypatch.setattr(compressor, "pool_groups", lambda kv, score: kv.mean(dim=-2))
 
 
+def no_engram(monkeypatch):
+    """The Engram layers' lookup skipped (the streams enter their blocks unchanged)."""
+    from swa_bench.model import model as model_module
+
+    monkeypatch.setattr(model_module, "engram_input", lambda engram, streams, hashes: streams)
+
+
 SEEDED_ARGS = {
     "theta 10000 on the compressed layers": {"compress_rope_theta": 10000.0},
     "no YaRN": {"original_seq_len": 0},
@@ -272,6 +279,7 @@ SEEDED_CODE = {
     "current pre-mix": current_pre_mix,
     "gate bias in the routing weights": bias_in_routing_weights,
     "mean-pooled compressor": mean_pooled_compressor,
+    "no Engram": no_engram,
 }
 
 
