@@ -81,7 +81,8 @@ def run_scenarios(
             if baseline is not None:
                 from swa_bench.run.compare import compare_command
 
-                if compare_command(baseline, run_dir, console=console) != 0:
+                if compare_command(baseline, run_dir, console=console,
+                                   out=run_dir / "compare.md") != 0:  # the run's own folder
                     code = 1
     return code
 
