@@ -32,6 +32,18 @@ def render_markdown(results: RunResults) -> str:
     icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "unverified": "⚠️"}[verdict]
     out = [f"# swa-bench: {md_cell(results.scenario_name)}", "",
            f"{icon} **{md_cell(tables.verdict_line(results))}**", ""]
+    implausible = tables.implausible(results)
+    if implausible:
+        out += [f"- ⚠️ {md_cell(line)}" for line in implausible] + [""]
+    headline = tables.headline_rows(results)
+    if any(r.speedup != tables.MISSING for r in headline):
+        out += ["## Headline", "",
+                md_table(["mode", "policy", "cases", "speedup (median)", "range", "of ideal",
+                          "verdict"],
+                         [(r.graph_mode, r.policy, r.cases, r.speedup, r.speedup_range,
+                           r.efficiency, _MARKS[r.verdict]) for r in headline]),
+                "", "Speedup over the cases that trimmed rows (n/a: none did); of ideal: the "
+                "median speedup over the FLOP ratio.", ""]
 
     failures = tables.failure_rows(results)
     if failures:

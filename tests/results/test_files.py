@@ -66,7 +66,7 @@ def _broken(tmp_path: Path, mutate) -> Path:
     (lambda d: d.pop("scenario_hash"), "scenario_hash", "Field required"),
     (lambda d: d["cases"][0]["checks"][0].update(passed="maybe"), "cases.0.checks.0.passed",
      "boolean"),
-    (lambda d: d.update(schema_version=3), "schema_version", "unsupported version 3"),
+    (lambda d: d.update(schema_version=4), "schema_version", "unsupported version 4"),
     (lambda d: d.update(schema_version=True), "schema_version", "unsupported version True"),
 ])
 def test_invalid_content_names_the_field(tmp_path, mutate, field, words):
