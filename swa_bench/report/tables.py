@@ -145,6 +145,7 @@ class ApproximationRow:
 
 
 def check_rows(results: RunResults) -> list[CheckRow]:
+    """Every check of every case, failures (and raised cases) first, then in run order."""
     rows = []
     for case in results.cases:
         for check in case.checks:
@@ -154,7 +155,7 @@ def check_rows(results: RunResults) -> list[CheckRow]:
         if case.status == "error":
             rows.append(CheckRow(case=case.label, check="(case raised)", mode=MISSING,
                                  outcome="error", detail=one_line(case.error)))
-    return rows
+    return sorted(rows, key=lambda row: row.outcome not in ("fail", "error"))
 
 
 def check_outcome(check: CheckResult) -> str:
@@ -283,13 +284,24 @@ def advice_rows(results: RunResults) -> list[tuple[str, str, str, str]]:
             for a in results.threshold_advice]
 
 
+def _environment_value(value: Any) -> str:
+    """A recorded value as a reader writes it: ``float32 0.512`` for ``{'float32': 0.512}``."""
+    if value is None:
+        return MISSING
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt_number(v) if isinstance(v, float) else v}"
+                         for k, v in value.items()) or MISSING
+    return one_line(str(value))
+
+
 def environment_rows(results: RunResults) -> list[tuple[str, str]]:
     """The documented keys first, in a fixed order, then anything else the runner recorded."""
     env: dict[str, Any] = results.environment
     keys = [k for k in ENVIRONMENT_KEYS if k in env] + sorted(k for k in env
                                                                if k not in ENVIRONMENT_KEYS)
-    rows = [(key, MISSING if env[key] is None else one_line(str(env[key]))) for key in keys]
-    rows += [("scenario", results.scenario_name),
+    rows = [(key, _environment_value(env[key])) for key in keys]
+    rows += [("swa-bench", results.swa_bench_version or MISSING),
+             ("scenario", results.scenario_name),
              ("scenario file", results.scenario_file or MISSING),
              ("scenario hash", results.scenario_hash),
              ("started", results.started_at), ("finished", results.finished_at or MISSING)]

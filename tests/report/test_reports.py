@@ -56,7 +56,7 @@ def test_markdown_verdict_and_tables(run_results):
     eager_bounded = [row for row in latency if row[2] == "eager" and row[3] == "bounded"]
     assert [row[1] for row in eager_bounded] == ["64", "256", "1024"]
     assert all(row[7].endswith("x") for row in latency[2:])
-    assert len(_table(markdown, "Approximation (bounded vs full prefill)")) == 2 + 2
+    assert len(_table(markdown, "Approximation (replay vs full prefill, per policy)")) == 2 + 2
     advice = _table(markdown, "Trim threshold advice")
     assert advice[2][2] == "256" and advice[3][3] == "replay never wins \\| no data"
     environment = dict(row for row in _table(markdown, "Environment")[2:])
@@ -70,11 +70,12 @@ def test_markdown_passing_run_has_no_failures_section(make_run):
 
 
 def test_markdown_cells_cannot_break_the_table(make_run):
-    assert md_cell("a|b\nc <b>") == "a\\|b c &lt;b&gt;"
+    assert md_cell("a|b\nc <b>") == "a\\|b c &lt;b>"
+    assert md_cell("triton -> torch, x >= 2 & y, &amp;") == "triton -> torch, x >= 2 & y, &amp;amp;"
     results = make_run(scenario_name=HOSTILE)
     results.cases[0].label = "weird|label\nsplit"
     markdown = render_markdown(results)
-    assert HOSTILE not in markdown and "&lt;script&gt;" in markdown
+    assert HOSTILE not in markdown and "&lt;script>" in markdown
     rows = [r for r in _table(markdown, "Checks") if r[0].startswith("weird")]
     assert rows and all(len(r) == 5 and r[0] == "weird\\|label split" for r in rows)
 
@@ -241,3 +242,14 @@ def test_plausible_figures_raise_no_warning(run_results):
     assert tables.implausible(run_results) == []
     assert "- ⚠️" not in render_markdown(run_results).split("## Failures")[0]
     assert 'id="implausible"' not in render_html(run_results)
+
+
+def test_the_environment_reads_as_text_and_names_the_tool(run_results):
+    from swa_bench.report import tables
+
+    run_results.environment["gemm_tflops"] = {"float32": 0.5123, "bfloat16": 1.25}
+    run_results.swa_bench_version = "0.1.0"
+    rows = dict(tables.environment_rows(run_results))
+    assert rows["gemm_tflops"] == "float32 0.512, bfloat16 1.25"
+    assert rows["swa-bench"] == "0.1.0"
+    assert "{" not in render_html(run_results).split('id="environment"')[-1].split("</table>")[0]

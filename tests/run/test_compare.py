@@ -205,4 +205,4 @@ def test_the_command_fails_on_other_kernels_unless_allowed(tmp_path, capsys):
     assert compare_command(base, cur, console=quiet, out=tmp_path / "c.md") == 1
     assert "NOT COMPARABLE" in (tmp_path / "c.md").read_text()
     assert compare_command(base, cur, console=quiet, allow_config_change=True) == 0
-    assert "A/B: kernels differ (backend triton -&gt; torch)" in (cur / "compare.md").read_text()
+    assert "A/B: kernels differ (backend triton -> torch)" in (cur / "compare.md").read_text()
