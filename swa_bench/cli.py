@@ -470,7 +470,8 @@ def compare(
     ] = 0.05,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Markdown table file (default: CURRENT/compare.md).",
+        typer.Option("--out", help="Markdown table file (default: CURRENT/compare.md, "
+                                   "written there only when the gate passes).",
                      show_default=False),
     ] = None,
     no_timing: Annotated[
@@ -489,7 +490,9 @@ def compare(
     """Compare a run with a baseline; exit 1 on a regression.
 
     A regression is a check that now fails, a changed deterministic figure (FLOPs, kept rows), a
-    median slowdown beyond --max-slowdown, or a timing that is not a finite number. Missing and
+    significant median slowdown beyond --max-slowdown and beyond the noise of the two runs
+    (their own spreads; on a CPU a slowdown both timed paths share only warns), or a timing
+    that is not a finite number. Missing and
     new cases are reported; two runs with no case in common fail (nothing was compared). Cases
     that ran other kernels (backend, tile, launch mode) are not comparable and fail, unless
     --allow-config-change accepts them as an A/B comparison. With GITHUB_STEP_SUMMARY set, the
