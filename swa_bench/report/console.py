@@ -15,6 +15,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from swa_bench.compare import Comparison, ComparisonRow
@@ -72,6 +73,29 @@ def swept_columns(cases: Sequence[CaseResult]) -> list[tuple[str, Callable[[Case
     return columns
 
 
+def _case_columns(cases: Sequence[CaseResult], compact: bool
+                  ) -> list[tuple[str, Callable[[CaseResult], str]]]:
+    """The swept columns, or with ``compact`` one "#" column of case numbers whose labels
+    ``print_fitted`` lists under the table: so a wide sweep's figures are never cut."""
+    if compact:
+        return [("#", lambda c: str(c.index))]
+    return swept_columns(cases)
+
+
+def print_fitted(console: Console, build: Callable[[bool], Table],
+                 cases: Sequence[CaseResult]) -> None:
+    """``build(False)`` when it fits the console's width, else ``build(True)`` and a legend
+    line per case (its number and label): rich would otherwise cut cells to ``piecewi…``."""
+    table = build(False)
+    wide = console.options.update_width(10_000)  # the table's own width, not the console's
+    if Measurement.get(console, wide, table).maximum <= console.width:
+        print_table(console, table)
+        return
+    print_table(console, build(True))
+    for case in cases:
+        console.print(f"  #{case.index}: {escape(case.label)}", highlight=False, soft_wrap=True)
+
+
 def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
@@ -116,14 +140,14 @@ def _case_verdict(case: CaseResult) -> str:
     return f"[green]{escape(tables.checks_cell(case))}[/]"
 
 
-def latency_table(results: RunResults) -> Table:
+def latency_table(results: RunResults, compact: bool = False) -> Table:
     """One row per case: swept values, median and p10–p90 of each path, speedup, FLOP ideal."""
     cases = results.cases
     stats = _stats(cases)
     counts = {len(s.samples_ms) for s in stats}
     samples = counts.pop() if len(counts) == 1 else None
     table = _table(f"{escape(results.scenario_name)}: latency{escape(_constants(cases))}")
-    columns = swept_columns(cases)
+    columns = _case_columns(cases, compact)
     for header, _ in columns:
         table.add_column(escape(header), justify="right" if header == "tokens" else "left",
                          no_wrap=True)
@@ -216,7 +240,7 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
     headline = headline_table(results)
     if headline is not None:
         print_table(console, headline)
-    print_table(console, latency_table(results))
+    print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
     tasks = task_table(results)
     if tasks is not None:
         print_table(console, tasks)
@@ -248,13 +272,13 @@ def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
 # --- swa-bench check ---------------------------------------------------------------------------
 
 
-def check_table(name: str, cases: Sequence[CaseResult]) -> Table:
+def check_table(name: str, cases: Sequence[CaseResult], compact: bool = False) -> Table:
     """One row per case, one column per check: pass / FAIL / info."""
     ids: list[str] = []
     for case in cases:
         ids += [c.id for c in case.checks if c.id not in ids]
     table = _table(f"{escape(name)}: checks{escape(_constants(cases))}")
-    columns = swept_columns(cases)
+    columns = _case_columns(cases, compact)
     for header, _ in columns:
         table.add_column(escape(header), justify="right" if header == "tokens" else "left")
     for check_id in ids:
@@ -281,7 +305,7 @@ def check_summary_line(cases: Sequence[CaseResult]) -> str:
 
 
 def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> None:
-    print_table(console, check_table(name, cases))
+    print_fitted(console, lambda compact: check_table(name, cases, compact), cases)
     print_failures(console, cases)
     verdict = overall_verdict(cases)
     console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",

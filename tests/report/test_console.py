@@ -205,3 +205,32 @@ def test_a_group_that_trimmed_nothing_has_no_headline_speedup():
     row = next(r for r in tables.headline_rows(results) if (r.graph_mode, r.policy) == (
         "eager", "halo"))
     assert (row.speedup, row.efficiency) == ("n/a", "n/a")
+
+
+def test_a_sweep_too_wide_for_80_columns_numbers_its_cases_instead_of_cutting_cells():
+    """`check coverage | cat` cut cells to `piecewi…` and `halo_al…`: a table wider than the
+    console keeps every check cell whole, numbers its rows and lists the labels under it."""
+    import io
+
+    from rich.console import Console
+
+    from swa_bench.report.console import print_checks
+    from tests.report.synthetic import synthetic_run
+
+    cases = synthetic_run(error=False, failing=False).cases[:4]
+    for case in cases:
+        case.params = {**case.params, "halo_align": 4, "engine.eager_trim_threshold": 96,
+                       "model.n_layers": 8}
+        case.checks = [*case.checks, case.checks[0].model_copy(update={"id": "approximation"}),
+                       case.checks[0].model_copy(update={"id": "tasks"})]
+    buffer = io.StringIO()
+    print_checks(Console(file=buffer, width=80, color_system=None), "coverage", cases)
+    text = buffer.getvalue()
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for case in cases:
+        assert f"#{case.index}: {case.label}" in text
+    narrow = io.StringIO()
+    print_checks(Console(file=narrow, width=80, color_system=None), "coverage",
+                 synthetic_run(error=False, failing=False).cases[:3])
+    assert "#0:" not in narrow.getvalue() and "policy" in narrow.getvalue()
