@@ -8,9 +8,9 @@ code 2 (``FILE: path.to.field: message``), never a traceback, reported before an
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -112,10 +112,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        try:
-            typer.echo(f"swa-bench {version('swa-bench')}")
-        except PackageNotFoundError:
-            typer.echo("swa-bench (not installed)")
+        from swa_bench import tool_version
+
+        typer.echo(f"swa-bench {tool_version()}")
         raise typer.Exit(0)
 
 
@@ -163,11 +162,27 @@ def _load(path: Path, max_cases: int = MAX_CASES) -> tuple[Scenario, list[Case]]
     return load_cases(path, max_cases=max_cases)
 
 
+def _unknown_name(path: Path) -> str | None:
+    """The error line for a bare name that is neither a file nor a shipped scenario, naming the
+    closest shipped ones (``smok``: smoke); None for anything else."""
+    if path.suffix or len(path.parts) != 1 or path.exists():
+        return None
+    shipped = list(shipped_scenarios())
+    close = difflib.get_close_matches(path.name, shipped, n=3, cutoff=0.5)
+    hint = (f"did you mean {' or '.join(close)}?" if close
+            else f"shipped: {', '.join(shipped)} (swa-bench list)")
+    return f"{path}: no such file or shipped scenario; {hint}"
+
+
 def _load_all(paths: list[Path], max_cases: int = MAX_CASES
               ) -> list[tuple[Path, Scenario, list[Case]]]:
     """Every file is loaded (and every error printed) before anything runs; exit 2 on any."""
     loaded, failed = [], False
     for path in paths:
+        if (unknown := _unknown_name(path)) is not None:
+            _say_error(unknown)
+            failed = True
+            continue
         try:
             loaded.append((path, *_load(path, max_cases)))
         except ScenarioError as err:
@@ -217,6 +232,7 @@ def list_command() -> None:
     Exit codes: 0.
     """
     from swa_bench.model.args import PRESETS
+    from swa_bench.report.console import print_table
 
     console = _plain_console()
     table = Table(title="scenarios", title_justify="left", box=None, padding=(0, 2, 0, 0))
@@ -228,14 +244,14 @@ def list_command() -> None:
             table.add_row(name, str(len(cases)), escape(scenario.description.strip()))
         except ScenarioError as err:
             table.add_row(name, "-", escape(str(err)))
-    console.print(table)
+    print_table(console, table)
     presets = Table(title="model presets", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for column in ("preset", "layers", "dim", "window", "experts"):
         presets.add_column(column)
     for name, args in PRESETS.items():
         presets.add_row(name, str(args.n_layers), str(args.dim), str(args.window),
                         str(args.n_routed_experts))
-    console.print(presets)
+    print_table(console, presets)
 
 
 @app.command()
@@ -251,6 +267,10 @@ def validate(
     """
     failed = False
     for file in _resolve(files):
+        if (unknown := _unknown_name(file)) is not None:
+            _say_error(unknown)
+            failed = True
+            continue
         try:
             count = len(_load(file, max_cases)[1])
         except ScenarioError as err:
@@ -345,13 +365,15 @@ def run(
         _say_error("swa-bench run: --resume and --overwrite contradict each other; pick one")
         raise typer.Exit(2)
     if dry_run:
+        from swa_bench.report.console import print_table
+
         console = Console()
         for path, scenario, cases in loaded:
             table = cases_table(path, scenario, cases)
             if not console.is_terminal:  # a log or a pipe: never wrap the case ids
                 wide = console.options.update_width(10_000)
                 console.width = max(console.width, Measurement.get(console, wide, table).maximum)
-            console.print(table)
+            print_table(console, table)
         return
     for path, scenario, _ in loaded:
         layout = scenario.parallel.layout()
@@ -448,7 +470,8 @@ def compare(
     ] = 0.05,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Markdown table file (default: CURRENT/compare.md).",
+        typer.Option("--out", help="Markdown table file (default: CURRENT/compare.md, "
+                                   "written there only when the gate passes).",
                      show_default=False),
     ] = None,
     no_timing: Annotated[
@@ -467,7 +490,9 @@ def compare(
     """Compare a run with a baseline; exit 1 on a regression.
 
     A regression is a check that now fails, a changed deterministic figure (FLOPs, kept rows), a
-    median slowdown beyond --max-slowdown, or a timing that is not a finite number. Missing and
+    significant median slowdown beyond --max-slowdown and beyond the noise of the two runs
+    (their own spreads; on a CPU a slowdown both timed paths share only warns), or a timing
+    that is not a finite number. Missing and
     new cases are reported; two runs with no case in common fail (nothing was compared). Cases
     that ran other kernels (backend, tile, launch mode) are not comparable and fail, unless
     --allow-config-change accepts them as an A/B comparison. With GITHUB_STEP_SUMMARY set, the

@@ -317,6 +317,35 @@ def test_version_list_and_bare_help():
     assert bare.stdout.count("Usage:") == 1, "the help is printed once"
 
 
+def test_version_answers_without_torch_in_under_a_third_of_a_second():
+    """`swa-bench --version` took 1.7 s: the CLI imports torch. Measured as the child's CPU
+    time (wall time on the shared 2-core machine is mostly waiting for a core)."""
+    import resource
+
+    from swa_bench import tool_version
+
+    probe = ("import sys; sys.argv = ['swa-bench', '--version']; "
+             "from swa_bench.__main__ import main; main(); print('torch' in sys.modules)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parents[1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert proc.stdout.splitlines() == [f"swa-bench {tool_version()}", "False"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 0.3, f"--version took {cpu:.2f} s of CPU"
+
+
+def test_the_licence_is_mit_in_the_file_and_the_package_metadata():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    root = Path(__file__).parents[1]
+    assert (root / "LICENSE").read_text().startswith("MIT License\n")
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "MIT"}
+    assert "License :: OSI Approved :: MIT License" in project["classifiers"]
+    assert project["scripts"]["swa-bench"] == "swa_bench.__main__:main"
+
+
 def test_every_command_lists_its_exit_codes():
     for command in ("validate", "run", "check", "report", "compare", "export", "list"):
         text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).stdout.split())
@@ -334,6 +363,18 @@ def test_shipped_scenarios_resolve_by_name(tmp_path, monkeypatch):
     assert dry.exit_code == 0 and "9 cases" in dry.stdout
     unknown = runner.invoke(app, ["validate", "no-such-scenario"])
     assert unknown.exit_code == 2 and "no-such-scenario: no such file" in unknown.stderr
+    assert "shipped: smoke" in unknown.stderr or "smoke" in unknown.stderr
+
+
+@pytest.mark.parametrize("command", [["run"], ["run", "--dry-run"], ["check"], ["validate"]])
+def test_an_unknown_scenario_name_suggests_the_closest_shipped_ones(tmp_path, monkeypatch,
+                                                                     command):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*command, "smok"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("smok: no such file or shipped scenario; did you mean "
+                                     "smoke?")
+    assert not list(tmp_path.iterdir()), "nothing is written for bad input"
 
 
 def test_scenarios_ship_inside_the_package():

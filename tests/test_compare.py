@@ -27,13 +27,67 @@ def test_independent_draws_of_the_same_timing_pass():
     assert statuses(comparison) <= {"unchanged"}
 
 
-def test_ten_percent_slowdown_with_many_samples_regresses():
-    comparison = compare_runs(clean_run(seed=0), clean_run(scale=1.10, seed=1))
+def test_twenty_percent_slowdown_of_one_path_regresses():
+    comparison = compare_runs(clean_run(seed=0), clean_run(replay_scale=1.20, seed=1))
     assert comparison.regressed
     assert statuses(comparison) == {"regressed"}
-    row = comparison.rows[0]
-    assert any(r.startswith("replay") and "+" in r and "p=" in r for r in row.reasons)
-    assert {t.verdict for t in row.timings} == {"slower"}
+    for row in comparison.rows:
+        assert any(r.startswith("replay") and "+" in r and "p=" in r for r in row.reasons)
+        verdicts = {t.path: t.verdict for t in row.timings}
+        assert verdicts == {"reference": "unchanged", "replay": "slower"}
+
+
+def test_a_shared_slowdown_on_a_cpu_is_a_warning_on_a_gpu_a_regression_when_large():
+    """Both paths 40% slower alike: on a CPU the machine's load between two runs does that (the
+    A/A pair of default runs moved one case by +14%, or +94% once other jobs started), so it is
+    reported, not gated; on a GPU it regresses beyond DRIFT_LIMIT, and 10% does not."""
+    from swa_bench.compare import DRIFT_LIMIT
+
+    cpu = compare_runs(clean_run(seed=0), clean_run(scale=1.40, seed=1))
+    assert not cpu.regressed and statuses(cpu) == {"warning"}
+    assert {t.verdict for row in cpu.rows for t in row.timings} == {"within noise"}
+    assert all("within the noise" in r and "timing not gated" in r
+               for row in cpu.rows for r in row.reasons)
+
+    def on_gpu(run):
+        run.environment = {**run.environment, "gpu": "NVIDIA H200", "cuda": "12.8"}
+        return run
+
+    assert DRIFT_LIMIT < 0.40
+    gpu = compare_runs(on_gpu(clean_run(seed=0)), on_gpu(clean_run(scale=1.40, seed=1)))
+    assert statuses(gpu) == {"regressed"}
+    small = compare_runs(on_gpu(clean_run(seed=0)), on_gpu(clean_run(scale=1.10, seed=1)))
+    assert not small.regressed
+
+
+def test_an_unstable_case_warns_unless_the_change_exceeds_its_spread():
+    """Samples 25% wide (IQR/median about 0.34, flagged unstable): a 12% slowdown of one path is
+    significant with 200 samples, yet inside the spread, so a warning; 2.5x is beyond it."""
+    baseline = clean_run(noise=0.25, samples=200, seed=0)
+    assert all(c.timing.replay.noisy for c in baseline.cases)
+    inside = compare_runs(baseline, clean_run(noise=0.25, samples=200, replay_scale=1.12, seed=1))
+    assert not inside.regressed
+    assert any(t.verdict == "within noise" for row in inside.rows for t in row.timings)
+    beyond = compare_runs(baseline, clean_run(noise=0.25, samples=200, replay_scale=2.5, seed=1))
+    assert statuses(beyond) == {"regressed"}
+    assert {t.verdict for row in beyond.rows for t in row.timings if t.path == "replay"} == {
+        "slower"}
+
+
+def test_a_drift_of_both_paths_with_tight_samples_does_not_regress():
+    """The failing A/A pair of the issue, as data: one case's paths +8% and +14% between two
+    runs of one commit, each run's samples within 3% of their median (not flagged unstable)."""
+    baseline, current = clean_run(noise=0.01, seed=0), clean_run(noise=0.01, seed=1)
+    case = current.cases[0]
+    for path, factor in (("reference", 1.082), ("replay", 1.137)):
+        stats = getattr(case.timing, path)
+        scaled = [x * factor for x in stats.samples_ms]
+        setattr(case.timing, path, stats.model_copy(update={
+            "samples_ms": scaled, "median_ms": stats.median_ms * factor,
+            "p10_ms": stats.p10_ms * factor, "p90_ms": stats.p90_ms * factor}))
+    row = compare_runs(baseline, current).rows[0]
+    assert all(t.p_slower < 0.01 and t.change > 0.05 for t in row.timings)
+    assert row.status == "warning" and {t.verdict for t in row.timings} == {"within noise"}
 
 
 def test_ten_percent_slowdown_with_three_samples_only_warns():
@@ -46,16 +100,17 @@ def test_ten_percent_slowdown_with_three_samples_only_warns():
 
 def test_significant_but_small_slowdown_is_not_a_regression():
     baseline = clean_run(noise=0.002, seed=0)
-    current = clean_run(scale=1.03, noise=0.002, seed=1)
+    current = clean_run(replay_scale=1.03, noise=0.002, seed=1)
     comparison = compare_runs(baseline, current)
-    assert all(t.p_slower < 0.01 for row in comparison.rows for t in row.timings)
+    assert all(t.p_slower < 0.01 for row in comparison.rows for t in row.timings
+               if t.path == "replay")
     assert not comparison.regressed
     stricter = compare_runs(baseline, current, max_slowdown=0.01)
     assert statuses(stricter) == {"regressed"}
 
 
 def test_ten_percent_speedup_is_an_improvement():
-    comparison = compare_runs(clean_run(seed=0), clean_run(scale=1 / 1.10, seed=1))
+    comparison = compare_runs(clean_run(seed=0), clean_run(replay_scale=1 / 1.20, seed=1))
     assert statuses(comparison) == {"improved"} and not comparison.regressed
 
 
@@ -167,7 +222,7 @@ def test_a_newly_recorded_figure_only_warns():
 
 def test_different_environments_warn_and_do_not_gate_timing():
     baseline = clean_run(seed=0)
-    current = clean_run(scale=1.10, seed=1)
+    current = clean_run(replay_scale=1.20, seed=1)
     current.environment = {**current.environment, "gpu": "NVIDIA H200", "cuda": "12.8"}
     comparison = compare_runs(baseline, current)
     assert not comparison.regressed and not comparison.timing_gated
@@ -178,9 +233,11 @@ def test_different_environments_warn_and_do_not_gate_timing():
 
 
 def test_timing_gate_off_reports_but_never_regresses():
-    comparison = compare_runs(clean_run(seed=0), clean_run(scale=1.10, seed=1), gate_timing=False)
+    comparison = compare_runs(clean_run(seed=0), clean_run(replay_scale=1.20, seed=1),
+                              gate_timing=False)
     assert not comparison.regressed and statuses(comparison) == {"warning"}
-    assert all(t.verdict == "slower" for row in comparison.rows for t in row.timings)
+    assert all(t.verdict == "slower" for row in comparison.rows for t in row.timings
+               if t.path == "replay")
 
 
 def test_cases_match_by_params_not_position():

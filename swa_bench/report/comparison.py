@@ -32,7 +32,8 @@ def sorted_rows(comparison: Comparison) -> list[ComparisonRow]:
 
 def verdict_line(comparison: Comparison) -> str:
     counts = comparison.counts()
-    gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% (alpha {comparison.alpha:g})"
+    gate = (f"timing gated at +{100 * comparison.max_slowdown:g}% beyond the noise "
+            f"(alpha {comparison.alpha:g})"
             if comparison.timing_gated else "timing not gated")
     return (f"{_head(comparison)}: "
             + ", ".join(f"{n} {status}" for status, n in counts.items()) + f"; {gate}")

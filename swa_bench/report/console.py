@@ -1,21 +1,21 @@
-"""Console (rich) output: the latency table, the check table, compare's table, progress and the
-summary lines. Everything fits 80 columns, so a table stays a table in a CI log or a pipe: long
-text (diagnostics, reasons) goes in lines under the table, not in a column. Text from results
-(labels, error messages) is escaped, so ``[enforce fail at ...]`` is printed, not eaten as markup.
+"""Console (rich) output: the latency table, the check table, compare's table and the summary
+lines (progress is ``run.progress``). Everything fits 80 columns, so a table stays a table in a
+CI log or a pipe: long text (diagnostics, reasons) goes in lines under the table, not in a
+column. Text from results (labels, error messages) is escaped, so ``[enforce fail at ...]`` is
+printed, not eaten as markup.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.measure import Measurement
 from rich.table import Table
 
 from swa_bench.compare import Comparison, ComparisonRow
@@ -40,6 +40,18 @@ UNSTABLE_ADVICE = ("raise timing.iters, stop other jobs on this machine, and com
 THREADS_ADVICE = "run with OMP_NUM_THREADS=1 (or timing.threads: 1), "
 
 
+def print_table(console: Console, table: Any) -> None:
+    """``console.print(table)``, but off a terminal (a log, a pipe) without the spaces rich pads
+    each line to the table's width with: 35 of 43 piped lines ended in them."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+    console.file.write(text + "\n")
+
+
 def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
                  pad_edge=False, collapse_padding=True)
@@ -59,6 +71,29 @@ def swept_columns(cases: Sequence[CaseResult]) -> list[tuple[str, Callable[[Case
                         lambda c, p=path: _value(c.params.get(p, tables.MISSING))))
     columns.append(("tokens", lambda c: str(c.tokens)))
     return columns
+
+
+def _case_columns(cases: Sequence[CaseResult], compact: bool
+                  ) -> list[tuple[str, Callable[[CaseResult], str]]]:
+    """The swept columns, or with ``compact`` one "#" column of case numbers whose labels
+    ``print_fitted`` lists under the table: so a wide sweep's figures are never cut."""
+    if compact:
+        return [("#", lambda c: str(c.index))]
+    return swept_columns(cases)
+
+
+def print_fitted(console: Console, build: Callable[[bool], Table],
+                 cases: Sequence[CaseResult]) -> None:
+    """``build(False)`` when it fits the console's width, else ``build(True)`` and a legend
+    line per case (its number and label): rich would otherwise cut cells to ``piecewi…``."""
+    table = build(False)
+    wide = console.options.update_width(10_000)  # the table's own width, not the console's
+    if Measurement.get(console, wide, table).maximum <= console.width:
+        print_table(console, table)
+        return
+    print_table(console, build(True))
+    for case in cases:
+        console.print(f"  #{case.index}: {escape(case.label)}", highlight=False, soft_wrap=True)
 
 
 def _value(value: Any) -> str:
@@ -105,14 +140,14 @@ def _case_verdict(case: CaseResult) -> str:
     return f"[green]{escape(tables.checks_cell(case))}[/]"
 
 
-def latency_table(results: RunResults) -> Table:
+def latency_table(results: RunResults, compact: bool = False) -> Table:
     """One row per case: swept values, median and p10–p90 of each path, speedup, FLOP ideal."""
     cases = results.cases
     stats = _stats(cases)
     counts = {len(s.samples_ms) for s in stats}
     samples = counts.pop() if len(counts) == 1 else None
     table = _table(f"{escape(results.scenario_name)}: latency{escape(_constants(cases))}")
-    columns = swept_columns(cases)
+    columns = _case_columns(cases, compact)
     for header, _ in columns:
         table.add_column(escape(header), justify="right" if header == "tokens" else "left",
                          no_wrap=True)
@@ -126,7 +161,7 @@ def latency_table(results: RunResults) -> Table:
         table.add_row(*[escape(cell(case)) for _, cell in columns],
                       timing_cell(t.reference if t else None, samples, case.mfu.get("reference")),
                       timing_cell(t.replay if t else None, samples, case.mfu.get("replay")),
-                      tables.fmt_ratio(case.speedup), tables.fmt_ratio(case.ideal_speedup),
+                      tables.speedup_cell(case), tables.fmt_ratio(case.ideal_speedup),
                       _case_verdict(case))
     if stats:
         n = f"n={samples} samples" if samples is not None else "n samples as shown"
@@ -180,20 +215,41 @@ def task_table(results: RunResults) -> Table | None:
     return table
 
 
+def headline_table(results: RunResults) -> Table | None:
+    """What a reader wants first: per graph mode and policy the speedup (median, range over its
+    cases), its efficiency against the FLOP ideal, and the verdict."""
+    rows = tables.headline_rows(results)
+    if not any(r.speedup != tables.MISSING for r in rows):
+        return None
+    table = _table(f"{escape(results.scenario_name)}: headline")
+    for header in ("mode", "policy", "cases", "speedup", "range", "of ideal", "verdict"):
+        table.add_column(header, justify="left" if header in ("mode", "policy", "verdict")
+                         else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(escape(r.graph_mode), escape(r.policy), str(r.cases), r.speedup,
+                      r.speedup_range, r.efficiency, _OUTCOME.get(r.verdict, r.verdict))
+    table.caption = ("speedup: median over the cases that trimmed rows (n/a: none did); of "
+                     "ideal: median speedup over the FLOP ratio")
+    table.caption_justify = "left"
+    return table
+
+
 def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> None:
-    """The latency table, timing warnings, trim-threshold advice and the verdict of one run."""
-    console.print(latency_table(results))
+    """The headline, the latency table, timing warnings, trim-threshold advice and the verdict
+    of one run."""
+    headline = headline_table(results)
+    if headline is not None:
+        print_table(console, headline)
+    print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
     tasks = task_table(results)
     if tasks is not None:
-        console.print(tasks)
+        print_table(console, tasks)
     warning = unstable_warning(results)
-    if warning:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    for line in ([warning] if warning else []) + tables.implausible(results):
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for advice in results.threshold_advice:
-        value = advice.recommended_trim_threshold
         console.print(f"recommended trim_threshold for {escape(advice.graph_mode)} / "
-                      f"{escape(advice.batch)}: "
-                      f"{value if value is not None else 'none'} "
+                      f"{escape(advice.batch)}: {tables.advice_value(advice)} "
                       f"[dim]({escape(advice.note)})[/]", highlight=False, soft_wrap=True)
     print_failures(console, results.cases)
     verdict = results.verdict()
@@ -216,13 +272,13 @@ def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
 # --- swa-bench check ---------------------------------------------------------------------------
 
 
-def check_table(name: str, cases: Sequence[CaseResult]) -> Table:
+def check_table(name: str, cases: Sequence[CaseResult], compact: bool = False) -> Table:
     """One row per case, one column per check: pass / FAIL / info."""
     ids: list[str] = []
     for case in cases:
         ids += [c.id for c in case.checks if c.id not in ids]
     table = _table(f"{escape(name)}: checks{escape(_constants(cases))}")
-    columns = swept_columns(cases)
+    columns = _case_columns(cases, compact)
     for header, _ in columns:
         table.add_column(escape(header), justify="right" if header == "tokens" else "left")
     for check_id in ids:
@@ -249,7 +305,7 @@ def check_summary_line(cases: Sequence[CaseResult]) -> str:
 
 
 def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> None:
-    console.print(check_table(name, cases))
+    print_fitted(console, lambda compact: check_table(name, cases, compact), cases)
     print_failures(console, cases)
     verdict = overall_verdict(cases)
     console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
@@ -282,26 +338,6 @@ def report_checks(checked: Sequence[tuple[str, str, Sequence[CaseResult]]], *,
     return 0 if document["verdict"] == "pass" else 1
 
 
-@contextmanager
-def case_progress(console: Console, name: str, total: int) -> Iterator[Callable[[str], None]]:
-    """A transient progress bar; the yielded function names the case about to run."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(escape(name), total=total)
-        started = False
-
-        def advance(label: str) -> None:
-            nonlocal started
-            if started:
-                progress.advance(task)
-            started = True
-            progress.update(task, description=escape(f"{name}: {label}"))
-
-        yield advance
-        progress.advance(task)
-
-
 # --- swa-bench compare -------------------------------------------------------------------------
 
 _COMPARE_STYLE = {"regressed": "bold red", "incomparable": "bold magenta", "warning": "yellow",
@@ -332,7 +368,7 @@ def comparison_table(comparison: Comparison) -> Table:
 def print_comparison(console: Console, comparison: Comparison) -> None:
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
-    console.print(comparison_table(comparison))
+    print_table(console, comparison_table(comparison))
     for row in sorted_rows(comparison):
         if row.status in ("unchanged", "new", "missing") or not row.reasons:
             continue

@@ -34,12 +34,15 @@ def render_html(results: RunResults) -> str:
     ]
     latency = [r for r in tables.latency_rows(results)
                if r.reference_ms != tables.MISSING or r.replay_ms != tables.MISSING]
+    headline = tables.headline_rows(results)
     template = _environment().get_template("report.html.j2")
     return template.render(
         results=results,
         verdict=results.verdict(),
         verdict_line=tables.verdict_line(results),
         failures=tables.failure_rows(results),
+        implausible=tables.implausible(results),
+        headline=headline if any(r.speedup != tables.MISSING for r in headline) else [],
         charts=rendered_charts,
         checks=tables.check_rows(results),
         latency=latency,

@@ -58,6 +58,9 @@ def render_junit(results: RunResults) -> str:
     properties = ET.SubElement(suite, "properties")
     for key, value in tables.environment_rows(results):
         ET.SubElement(properties, "property", {"name": xml_text(key), "value": xml_text(value)})
+    implausible = tables.implausible(results)
+    for line in implausible:  # figures not to believe: a property and the suite's output
+        ET.SubElement(properties, "property", {"name": "warning", "value": xml_text(line)})
 
     for case in results.cases:
         classname = f"{suite_name}.{case.label}"
@@ -85,5 +88,8 @@ def render_junit(results: RunResults) -> str:
                                                     else "")),
                 "type": "error"})
             error.text = xml_text(error_text)
+    if implausible:
+        ET.SubElement(suite, "system-out").text = xml_text(
+            "\n".join(f"warning: {line}" for line in implausible))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,10 +1,11 @@
 """report.md: GitHub-flavoured markdown, small enough for $GITHUB_STEP_SUMMARY.
 
-Every cell goes through `md_cell`: `|` would split a table row, a newline would end it, and raw
-`<`/`>` would be read as HTML by GitHub's renderer."""
+Every cell goes through `md_cell`: `|` would split a table row, a newline would end it, and a raw
+`<` would be read as HTML by GitHub's renderer."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from tabulate import tabulate
@@ -15,10 +16,15 @@ from swa_bench.results import RunResults
 _MARKS = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "info": "info"}
 
 
+_ENTITY = re.compile(r"&(?=#?\w+;)")  # an & that GitHub would read as the start of an entity
+
+
 def md_cell(value: object) -> str:
+    """One line, ``|`` escaped, and only what GitHub would read as markup made inert: ``<`` (a
+    tag) and ``&`` before ``name;`` (an entity). ``->`` and ``>=`` stay as written, so the raw
+    file reads as the rendered one."""
     text = tables.one_line(str(value))
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("|", "\\|"))
+    return _ENTITY.sub("&amp;", text).replace("<", "&lt;").replace("|", "\\|")
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -32,18 +38,18 @@ def render_markdown(results: RunResults) -> str:
     icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "unverified": "⚠️"}[verdict]
     out = [f"# swa-bench: {md_cell(results.scenario_name)}", "",
            f"{icon} **{md_cell(tables.verdict_line(results))}**", ""]
-
-    failures = tables.failure_rows(results)
-    if failures:
-        out += ["## Failures", "",
-                md_table(["case", "check", "result", "detail"],
-                         [(r.case, r.check, _MARKS[r.outcome], r.detail) for r in failures]), ""]
-
-    checks = tables.check_rows(results)
-    out += ["## Checks", ""]
-    out += [md_table(["case", "check", "mode", "result", "worst diagnostic"],
-                     [(r.case, r.check, r.mode, _MARKS[r.outcome], r.detail) for r in checks])
-            if checks else "No checks were run.", ""]
+    implausible = tables.implausible(results)
+    if implausible:
+        out += [f"- ⚠️ {md_cell(line)}" for line in implausible] + [""]
+    headline = tables.headline_rows(results)
+    if any(r.speedup != tables.MISSING for r in headline):
+        out += ["## Headline", "",
+                md_table(["mode", "policy", "cases", "speedup (median)", "range", "of ideal",
+                          "verdict"],
+                         [(r.graph_mode, r.policy, r.cases, r.speedup, r.speedup_range,
+                           r.efficiency, _MARKS[r.verdict]) for r in headline]),
+                "", "Speedup over the cases that trimmed rows (n/a: none did); of ideal: the "
+                "median speedup over the FLOP ratio.", ""]
 
     latency = [r for r in tables.latency_rows(results)
                if r.reference_ms != tables.MISSING or r.replay_ms != tables.MISSING]
@@ -65,9 +71,21 @@ def render_markdown(results: RunResults) -> str:
         out += ["## Trim threshold advice", "",
                 md_table(["mode", "batch", "recommended trim_threshold", "note"], advice), ""]
 
+    failures = tables.failure_rows(results)
+    if failures:
+        out += ["## Failures", "",
+                md_table(["case", "check", "result", "detail"],
+                         [(r.case, r.check, _MARKS[r.outcome], r.detail) for r in failures]), ""]
+
+    checks = tables.check_rows(results)
+    out += ["## Checks", ""]
+    out += [md_table(["case", "check", "mode", "result", "worst diagnostic"],
+                     [(r.case, r.check, r.mode, _MARKS[r.outcome], r.detail) for r in checks])
+            if checks else "No checks were run.", ""]
+
     approximation = tables.approximation_rows(results)
     if approximation:
-        out += ["## Approximation (bounded vs full prefill)", "",
+        out += ["## Approximation (replay vs full prefill, per policy)", "",
                 md_table(["case", "logits max abs", "KL(full ‖ replay)", "top-1 agreement",
                           "greedy agreement", "worst window-KV rel error"],
                          [(r.case, r.logits_max_abs, r.kl, r.top1, r.greedy, r.worst_layer_error)

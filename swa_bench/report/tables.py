@@ -7,7 +7,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from swa_bench.results import CaseResult, CheckResult, Diagnostic, RunResults, TimingStats
+from swa_bench.results import (
+    CaseResult,
+    CheckResult,
+    Diagnostic,
+    RunResults,
+    ThresholdAdvice,
+    TimingStats,
+)
 
 MISSING = "–"
 ENVIRONMENT_KEYS = ("torch", "cuda", "gpu", "driver", "python", "platform", "git_sha", "git_dirty",
@@ -41,6 +48,45 @@ def fmt_ratio(value: float | None) -> str:
 
 def fmt_share(value: float | None) -> str:
     return MISSING if value is None else f"{100 * value:.1f}%"
+
+
+NOT_APPLICABLE = "n/a"
+MAX_EFFICIENCY = 1.05  # speedup over the FLOP ideal beyond which a figure is not believed
+
+
+def trimmed_nothing(case: CaseResult) -> bool:
+    """The timed replay step kept every row (FULL graphs, a step at or below W): both paths ran
+    the same work, so a "speedup" there is noise, not replay's effect."""
+    kept = case.deterministic.get("kept_rows")
+    return kept is not None and kept >= case.tokens
+
+
+def speedup_cell(case: CaseResult) -> str:
+    return NOT_APPLICABLE if trimmed_nothing(case) else fmt_ratio(case.speedup)
+
+
+def efficiency_cell(case: CaseResult) -> str:
+    return NOT_APPLICABLE if trimmed_nothing(case) else fmt_share(case.efficiency)
+
+
+def implausible(results: RunResults) -> list[str]:
+    """Figures no correct measurement gives, one line each, for every output to flag: a speedup
+    beyond ``MAX_EFFICIENCY`` of the FLOP ideal (replay cannot beat doing less work by more than
+    that work: the reference wastes time, or the timing is off), and a speedup measured where
+    nothing was trimmed (shown as n/a)."""
+    lines = []
+    for case in results.cases:
+        if case.speedup is None:
+            continue
+        if trimmed_nothing(case):
+            lines.append(f"{case.label}: trimmed nothing, so its {case.speedup:.2f}x is noise "
+                         f"(speedup n/a)")
+        elif case.efficiency is not None and case.efficiency > MAX_EFFICIENCY:
+            lines.append(f"{case.label}: speedup {case.speedup:.2f}x is "
+                         f"{100 * case.efficiency:.0f}% of the FLOP ideal "
+                         f"{fmt_ratio(case.ideal_speedup)} (above {100 * MAX_EFFICIENCY:.0f}%: "
+                         f"the reference path wastes time or the timing is off)")
+    return lines
 
 
 def describe_diagnostic(diag: Diagnostic) -> str:
@@ -99,6 +145,7 @@ class ApproximationRow:
 
 
 def check_rows(results: RunResults) -> list[CheckRow]:
+    """Every check of every case, failures (and raised cases) first, then in run order."""
     rows = []
     for case in results.cases:
         for check in case.checks:
@@ -108,7 +155,7 @@ def check_rows(results: RunResults) -> list[CheckRow]:
         if case.status == "error":
             rows.append(CheckRow(case=case.label, check="(case raised)", mode=MISSING,
                                  outcome="error", detail=one_line(case.error)))
-    return rows
+    return sorted(rows, key=lambda row: row.outcome not in ("fail", "error"))
 
 
 def check_outcome(check: CheckResult) -> str:
@@ -132,6 +179,51 @@ def checks_cell(case: CaseResult) -> str:
     return f"{cell} (failed: {' '.join(c.id for c in failed)})" if failed else cell
 
 
+@dataclass(frozen=True)
+class HeadlineRow:
+    """One graph mode and policy: what replay bought over its cases, and whether they passed."""
+
+    graph_mode: str
+    policy: str
+    cases: int
+    speedup: str  # median over the cases that trimmed rows; n/a where none did
+    speedup_range: str
+    efficiency: str  # median speedup over the FLOP ideal
+    verdict: str  # pass, fail or error: the worst outcome of its cases
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def headline_rows(results: RunResults) -> list[HeadlineRow]:
+    """Per graph mode and policy, in first-seen order: the speedup's median and range over the
+    cases that trimmed rows, the median efficiency against the FLOP ideal, and the verdict."""
+    groups: dict[tuple[str, str], list[CaseResult]] = {}
+    for case in results.cases:
+        groups.setdefault((case.graph_mode, case.policy), []).append(case)
+    rows = []
+    for (mode, policy), cases in groups.items():
+        timed = [c for c in cases if c.speedup is not None and not trimmed_nothing(c)]
+        speedups = [c.speedup for c in timed]
+        efficiencies = [c.efficiency for c in timed if c.efficiency is not None]
+        untrimmed = any(c.speedup is not None for c in cases) and not timed
+        outcomes = {c.outcome() for c in cases}
+        verdict = next(v for v in ("error", "fail", "pass") if v in outcomes or v == "pass")
+        rows.append(HeadlineRow(
+            graph_mode=mode, policy=policy, cases=len(cases),
+            speedup=NOT_APPLICABLE if untrimmed else (
+                fmt_ratio(_median(speedups)) if speedups else MISSING),
+            speedup_range=(f"{min(speedups):.2f}–{max(speedups):.2f}x" if speedups
+                           else MISSING),
+            efficiency=fmt_share(_median(efficiencies)) if efficiencies else (
+                NOT_APPLICABLE if untrimmed else MISSING),
+            verdict=verdict))
+    return rows
+
+
 def latency_rows(results: RunResults) -> list[LatencyRow]:
     """Ordered by (graph mode, policy, tokens): how a reader scans for the break-even point."""
     cases = sorted(results.cases, key=lambda c: (c.graph_mode, c.policy, c.tokens, c.index))
@@ -143,8 +235,8 @@ def latency_rows(results: RunResults) -> list[LatencyRow]:
             trim_threshold=case.trim_threshold,
             reference_ms=fmt_ms(timing.reference if timing else None),
             replay_ms=fmt_ms(timing.replay if timing else None),
-            speedup=fmt_ratio(case.speedup), ideal=fmt_ratio(case.ideal_speedup),
-            efficiency=fmt_share(case.efficiency), checks=checks_cell(case),
+            speedup=speedup_cell(case), ideal=fmt_ratio(case.ideal_speedup),
+            efficiency=efficiency_cell(case), checks=checks_cell(case),
             outcome=case.outcome(), rates=rates_cell(case)))
     return rows
 
@@ -179,11 +271,27 @@ def approximation_rows(results: RunResults) -> list[ApproximationRow]:
     return rows
 
 
+def advice_value(advice: ThresholdAdvice) -> str:
+    """The threshold; "none" (never trim: replay loses at the largest length); or "not enough
+    evidence", which is no advice at all."""
+    if advice.recommended_trim_threshold is not None:
+        return str(advice.recommended_trim_threshold)
+    return "none" if advice.decided else "not enough evidence"
+
+
 def advice_rows(results: RunResults) -> list[tuple[str, str, str, str]]:
-    return [(a.graph_mode, a.batch,
-             MISSING if a.recommended_trim_threshold is None else str(a.recommended_trim_threshold),
-             one_line(a.note))
+    return [(a.graph_mode, a.batch, advice_value(a), one_line(a.note))
             for a in results.threshold_advice]
+
+
+def _environment_value(value: Any) -> str:
+    """A recorded value as a reader writes it: ``float32 0.512`` for ``{'float32': 0.512}``."""
+    if value is None:
+        return MISSING
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt_number(v) if isinstance(v, float) else v}"
+                         for k, v in value.items()) or MISSING
+    return one_line(str(value))
 
 
 def environment_rows(results: RunResults) -> list[tuple[str, str]]:
@@ -191,8 +299,9 @@ def environment_rows(results: RunResults) -> list[tuple[str, str]]:
     env: dict[str, Any] = results.environment
     keys = [k for k in ENVIRONMENT_KEYS if k in env] + sorted(k for k in env
                                                                if k not in ENVIRONMENT_KEYS)
-    rows = [(key, MISSING if env[key] is None else one_line(str(env[key]))) for key in keys]
-    rows += [("scenario", results.scenario_name),
+    rows = [(key, _environment_value(env[key])) for key in keys]
+    rows += [("swa-bench", results.swa_bench_version or MISSING),
+             ("scenario", results.scenario_name),
              ("scenario file", results.scenario_file or MISSING),
              ("scenario hash", results.scenario_hash),
              ("started", results.started_at), ("finished", results.finished_at or MISSING)]

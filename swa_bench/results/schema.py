@@ -1,4 +1,4 @@
-"""The results of one run as data: results.json's models (schema_version 2) and their tallies.
+"""The results of one run as data: results.json's models (schema_version 3) and their tallies.
 
 Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
 of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 2
-# Version 1 is version 2 without each case's ``kernels`` (read as None: not recorded).
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+# Version 2 is version 3 without the tool's version and the advice's ``decided`` (read as None
+# and True); version 1 is version 2 without each case's ``kernels`` (read as None: not recorded).
+READABLE_VERSIONS = (1, 2, 3)
 TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
 
 CaseStatus = Literal["ok", "failed", "error"]
@@ -189,12 +190,14 @@ class CaseResult(_Strict):
 class ThresholdAdvice(_Strict):
     graph_mode: str
     batch: str
-    recommended_trim_threshold: int | None
+    recommended_trim_threshold: int | None  # None and decided: never trim
     note: str = ""
+    decided: bool = True  # False: not enough evidence for any threshold (the note says why)
 
 
 class RunResults(_Strict):
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    swa_bench_version: str | None = None  # the tool that wrote the file; None: not recorded
     scenario_name: str
     scenario_file: str | None
     scenario_hash: str

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from swa_bench import tool_version
 from swa_bench.bench.advice import threshold_advice
 from swa_bench.bench.environment import capture_environment, scenario_hash
 from swa_bench.engine.config import resolve_kernels
-from swa_bench.report.console import case_progress, print_checks, print_run_summary, report_checks
+from swa_bench.report.console import print_checks, print_run_summary, report_checks
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
 from swa_bench.run.cases import CaseRunner, resolve_device
 from swa_bench.run.folder import claim_for
+from swa_bench.run.progress import case_progress
 from swa_bench.run.shards import clear_shards, run_sharded, shard_results
 from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
 
@@ -81,7 +82,8 @@ def run_scenarios(
             if baseline is not None:
                 from swa_bench.run.compare import compare_command
 
-                if compare_command(baseline, run_dir, console=console) != 0:
+                if compare_command(baseline, run_dir, console=console,
+                                   out=run_dir / "compare.md") != 0:  # the run's own folder
                     code = 1
     return code
 
@@ -137,27 +139,25 @@ def run_one(
     todo = [c for c in cases if c.case_id not in done]
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(scenario.name, total=len(todo))
+    with case_progress(console, scenario.name, len(done) + len(todo), len(done)) as progress:
         if gpus > 1 and len(todo) > 1:
-            progress.update(task, description=f"{scenario.name}: {gpus} workers")
+            progress.start(f"{gpus} workers")
             results.cases += run_sharded(
                 path, max_cases, todo, run_dir, gpus, timing=timing,
                 identity=(scenario.name, digest),
-                on_progress=lambda n: progress.update(task, completed=n),
+                on_progress=lambda n: progress.advance_to(len(done) + n),
             )
             results.cases.sort(key=lambda c: c.index)
             save_results(run_dir, results)
             clear_shards(run_dir)
             todo = []
         for case in todo:
-            progress.update(task, description=f"{scenario.name}: {case.label()}")
-            results.cases.append(runner.run_case(case, timing=timing))
+            progress.start(case.label())
+            result = runner.run_case(case, timing=timing)
+            results.cases.append(result)
             results.cases.sort(key=lambda c: c.index)
             save_results(run_dir, results)
-            progress.advance(task)
+            progress.finished(result)
     if runner.gemm_tflops:
         results.environment["gemm_tflops"] = runner.gemm_tflops
     finish(results, scenario, run_dir, console)
@@ -166,10 +166,10 @@ def run_one(
 
 def new_results(path: str | Path, scenario: Scenario, environment: dict) -> RunResults:
     """A run's results before its first case: the scenario (file, hash of its text, every field
-    resolved), the machine, the start time. ``swa-bench run`` and the torchrun entry
-    (``run.parallel``) both start here."""
+    resolved), the machine, the tool's version, the start time. ``swa-bench run`` and the
+    torchrun entry (``run.parallel``) both start here."""
     return RunResults(
-        scenario_name=scenario.name, scenario_file=str(path),
+        swa_bench_version=tool_version(), scenario_name=scenario.name, scenario_file=str(path),
         scenario_hash=scenario_hash(scenario.source_text),
         scenario=json.loads(scenario.model_dump_json()), environment=environment,
         started_at=_now(),
@@ -200,10 +200,11 @@ def check_scenarios(
     for item in _loaded(scenarios, max_cases):
         runner = CaseRunner(item.scenario)
         results = []
-        with case_progress(console, item.scenario.name, len(item.cases)) as starting:
+        with case_progress(console, item.scenario.name, len(item.cases)) as progress:
             for case in item.cases:
-                starting(case.label())
+                progress.start(case.label())
                 results.append(runner.run_case(case, timing=False))
+                progress.finished(results[-1])
         if not as_json:
             print_checks(console, item.scenario.name, results)
         checked.append((item.scenario.name, str(item.path), results))

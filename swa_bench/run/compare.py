@@ -1,7 +1,8 @@
 """``swa-bench compare``: read two runs, gate the comparison, write compare.md, print the verdict.
 
 Every input is checked before anything is compared or written: both results files load and hold
-no time <= 0 ms, and ``--out`` is a writable file that is no run's results or report. Bad input
+no time <= 0 ms, and ``--out`` is a writable file that is no run's results or report. Without
+``--out`` compare.md goes beside the current run's results, and only when the gate passed. Bad input
 is one line on stderr and exit code 2; the comparison itself is ``compare.compare_runs``.
 """
 
@@ -84,15 +85,22 @@ def compare_command(baseline: Path, current: Path, *, max_slowdown: float = 0.05
     comparison = compare_runs(baseline_results, current_results, max_slowdown=max_slowdown,
                               gate_timing=gate_timing, allow_config_change=allow_config_change)
     markdown = comparison_markdown(comparison, baseline=str(baseline), current=str(current))
-    try:
-        write_text_atomic(out, markdown)
-    except OSError as exc:
-        return _fail(f"{out}: --out: cannot write: {exc.strerror or exc}")
+    # The default out is the current run's folder, which compare does not own: a failed gate
+    # (often two runs that were never meant to be compared) leaves it as it was.
+    keep = explicit or not comparison.failed
+    if keep:
+        try:
+            write_text_atomic(out, markdown)
+        except OSError as exc:
+            return _fail(f"{out}: --out: cannot write: {exc.strerror or exc}")
     if as_json:
         print(json.dumps(comparison_json(comparison, baseline=str(baseline),
                                          current=str(current)), indent=2))
     else:
         print_comparison(console, comparison)
-        console.print(f"wrote {escape(str(out))}", highlight=False)
+        console.print(f"wrote {escape(str(out))}" if keep else
+                      f"{escape(str(out))} not written: the gate failed and the folder is the "
+                      "current run's (--out FILE keeps the comparison)", highlight=False,
+                      soft_wrap=True)
     append_step_summary_text(markdown)
     return 1 if comparison.failed else 0

@@ -235,13 +235,19 @@ def claim_for(files: Sequence[str | Path], scenarios: Sequence, *, out: Path | N
 
 
 def interrupted_message(run_dirs: Sequence[Path], resume_command: str) -> str:
+    """What a Ctrl-C kept: the folders holding finished cases and the command that resumes;
+    before any case finished, that nothing was kept (the folders this run made go: a resume
+    command would point at a folder that does not exist)."""
     kept = []
     for run_dir in run_dirs:
         try:
             cases = len(load_results(run_dir).cases)
         except ResultsError:
             cases = 0
-        kept.append(f"{cases} finished case{'s' * (cases != 1)} in {run_dir}")
+        if cases:
+            kept.append(f"{cases} finished case{'s' * (cases != 1)} in {run_dir}")
+    if not kept:
+        return "interrupted before any case finished: nothing was kept"
     return f"interrupted: kept {'; '.join(kept)}; continue with: {resume_command}"
 
 

@@ -1,17 +1,27 @@
+"""bench/advice: a threshold only from at least two trimming lengths and only where a bootstrap
+over each path's samples decides every length from the largest down to the crossover; else
+"not enough evidence". The default scenario, measured twice, gives one answer or says so."""
+
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swa_bench.bench.advice import BreakEven, recommend_trim_threshold
+from swa_bench.bench.advice import MIN_SAMPLES, NOT_ENOUGH, BreakEven, recommend_trim_threshold
 
-token_counts = st.lists(st.integers(1, 100_000), min_size=1, max_size=20, unique=True).map(sorted)
+token_counts = st.lists(st.integers(1, 100_000), min_size=2, max_size=20, unique=True).map(sorted)
 windows = st.integers(1, 4096)
 times = st.floats(0.01, 1000.0)
 
 
 def _point(tokens: int, wins: bool, reference_ms: float, gap: float) -> BreakEven:
+    """Samples at a fixed time each (no noise: every resample agrees)."""
     replay_ms = reference_ms - gap if wins else reference_ms + gap
-    return BreakEven(tokens=tokens, reference_ms=reference_ms, replay_ms=replay_ms)
+    return BreakEven(tokens, (reference_ms,) * MIN_SAMPLES, (replay_ms,) * MIN_SAMPLES)
+
+
+def _fixed(tokens: int, reference_ms: float, replay_ms: float) -> BreakEven:
+    return BreakEven(tokens, (reference_ms,) * MIN_SAMPLES, (replay_ms,) * MIN_SAMPLES)
 
 
 @st.composite
@@ -35,83 +45,100 @@ def any_outcomes(n):
 def test_wins_from_some_point_onwards_gives_that_point(data, window):
     counts, outcomes, points = data
     first_win = counts[outcomes.index(True)]
-    assert recommend_trim_threshold(points, window=window) == max(first_win, window + 1)
-
-
-@given(measured(any_outcomes), windows)
-def test_never_at_or_below_window(data, window):
-    _, _, points = data
-    threshold = recommend_trim_threshold(points, window=window)
-    assert threshold is None or threshold > window
+    advice = recommend_trim_threshold(points, window=window)
+    assert advice.decided and advice.threshold == max(first_win, window + 1)
 
 
 @given(measured(any_outcomes), windows)
 def test_crossing_back_picks_point_after_last_loss(data, window):
     counts, outcomes, points = data
-    threshold = recommend_trim_threshold(points, window=window)
+    advice = recommend_trim_threshold(points, window=window)
+    assert advice.decided
     if not outcomes[-1]:
-        assert threshold is None
+        assert advice.threshold is None
         return
     last_loss = max((i for i, w in enumerate(outcomes) if not w), default=-1)
-    assert threshold == max(counts[last_loss + 1], window + 1)
-    assert all(p.replay_ms < p.reference_ms for p in points if p.tokens >= counts[last_loss + 1])
+    assert advice.threshold == max(counts[last_loss + 1], window + 1) > window
 
 
 @given(measured(lambda n: st.just([False] * n)), windows)
-def test_never_wins_gives_none(data, window):
-    assert recommend_trim_threshold(data[2], window=window) is None
+def test_never_wins_gives_never_trim(data, window):
+    advice = recommend_trim_threshold(data[2], window=window)
+    assert advice.decided and advice.threshold is None
 
 
-def test_no_points_gives_none():
-    assert recommend_trim_threshold([], window=128) is None
+def test_fewer_than_two_lengths_is_not_enough_evidence():
+    """The H200's one-length scenario printed "recommended trim_threshold 16384 (measured at
+    [16384] tokens)": one length places no crossover."""
+    for points in ([], [_fixed(16384, 2.0, 1.0)], [_fixed(16384, 2.0, 1.0)] * 2):
+        advice = recommend_trim_threshold(points, window=128)
+        assert not advice.decided and advice.threshold is None
+        assert advice.reason.startswith(NOT_ENOUGH)
 
 
 def test_crossing_back_example():
     points = [_point(256, True, 2.0, 0.5), _point(512, False, 2.0, 0.5),
               _point(768, True, 2.0, 0.5), _point(2048, True, 2.0, 0.5)]
-    assert recommend_trim_threshold(points, window=128) == 768
+    assert recommend_trim_threshold(points, window=128).threshold == 768
 
 
 def test_tie_is_not_a_win():
-    points = [BreakEven(512, 1.0, 1.0), BreakEven(1024, 2.0, 1.0)]
-    assert recommend_trim_threshold(points, window=128) == 1024
+    points = [_fixed(512, 1.0, 1.0), _fixed(1024, 2.0, 1.0)]
+    assert recommend_trim_threshold(points, window=128).threshold == 1024
 
 
 def test_repeated_count_needs_every_measurement_to_win():
-    points = [BreakEven(512, 2.0, 1.0), BreakEven(512, 1.0, 1.5), BreakEven(1024, 2.0, 1.0)]
-    assert recommend_trim_threshold(points, window=128) == 1024
+    points = [_fixed(512, 2.0, 1.0), _fixed(512, 1.0, 1.5), _fixed(1024, 2.0, 1.0)]
+    assert recommend_trim_threshold(points, window=128).threshold == 1024
 
 
 def test_rejects_nonpositive_window():
     with pytest.raises(ValueError):
-        recommend_trim_threshold([BreakEven(512, 2.0, 1.0)], window=0)
+        recommend_trim_threshold([_fixed(512, 2.0, 1.0)], window=0)
 
 
 def _noisy(tokens: int, reference: list[float], replay: list[float], trims: bool = True):
-    return BreakEven(tokens, sorted(reference)[len(reference) // 2],
-                     sorted(replay)[len(replay) // 2], tuple(reference), tuple(replay), trims)
+    return BreakEven(tokens, tuple(reference), tuple(replay), trims)
 
 
-def test_a_win_inside_the_noise_is_no_win():
+def test_a_win_inside_the_noise_is_no_advice():
     """Last session's H200 run printed a threshold from 17.0 vs 17.1 ms medians whose samples
-    overlapped: the same samples, interleaved, give no win now."""
+    overlapped: at the largest length that is undecided, so there is no advice at all; the
+    same samples 3 ms apart decide it."""
     reference = [15.4, 16.2, 17.1, 17.9, 19.8, 16.8, 17.3, 18.0, 15.9, 17.2]
     replay = [15.2, 16.0, 17.0, 17.8, 19.5, 16.9, 17.1, 18.1, 15.8, 17.0]
+    below = _fixed(256, 1.0, 2.0)
     point = _noisy(512, reference, replay)
-    assert point.replay_ms < point.reference_ms and not point.replay_wins
-    assert recommend_trim_threshold([point], window=32) is None
+    assert point.outcome() == "undecided"
+    advice = recommend_trim_threshold([below, point], window=32)
+    assert not advice.decided and "at 512 tokens" in advice.reason
     separated = _noisy(512, reference, [r - 3.0 for r in replay])
-    assert separated.replay_wins
-    assert recommend_trim_threshold([separated], window=32) == 512
+    assert separated.outcome() == "win"
+    assert recommend_trim_threshold([below, separated], window=32).threshold == 512
+    assert _noisy(512, reference, [r + 3.0 for r in replay]).outcome() == "loss"
+
+
+def test_too_few_samples_decide_nothing():
+    few = BreakEven(512, (2.0,) * (MIN_SAMPLES - 1), (1.0,) * (MIN_SAMPLES - 1))
+    assert few.outcome() == "undecided"
+    assert not recommend_trim_threshold([_fixed(256, 2.0, 1.0), few], window=32).decided
+
+
+def test_the_bootstrap_is_seeded():
+    point = _noisy(512, [15.4, 16.2, 17.1, 17.9, 19.8, 16.8], [15.2, 16.0, 17.0, 17.8, 19.5, 16])
+    assert point.win_share() == point.win_share()
+    assert 0.0 < point.win_share() < 1.0
 
 
 def test_a_point_that_trimmed_nothing_is_left_out():
     """A step no request lost rows in ran the reference path twice: its win is no evidence."""
-    won_untrimmed = BreakEven(8, 2.0, 1.0, trims=False)
-    lost = BreakEven(64, 1.0, 2.0)
-    assert recommend_trim_threshold([won_untrimmed], window=4) is None
-    assert recommend_trim_threshold([won_untrimmed, lost], window=4) is None
-    assert recommend_trim_threshold([won_untrimmed, BreakEven(64, 2.0, 1.0)], window=4) == 64
+    won_untrimmed = BreakEven(8, (2.0,) * 5, (1.0,) * 5, trims=False)
+    lost, won = _fixed(64, 1.0, 2.0), _fixed(64, 2.0, 1.0)
+    assert not recommend_trim_threshold([won_untrimmed, won], window=4).decided
+    assert recommend_trim_threshold([won_untrimmed, lost, _fixed(128, 1.0, 2.0)],
+                                    window=4).threshold is None
+    assert recommend_trim_threshold([won_untrimmed, won, _fixed(128, 2.0, 1.0)],
+                                    window=4).threshold == 64
 
 
 def test_advice_per_mode_and_policy_from_a_run():
@@ -122,9 +149,41 @@ def test_advice_per_mode_and_policy_from_a_run():
 
     cases = [c for c in synthetic_run(error=False, failing=False).cases]
     advice = threshold_advice(cases, window=8)
-    assert {(a.graph_mode, a.recommended_trim_threshold) for a in advice} == {
-        ("eager", 256), ("piecewise", 256)}
+    assert {(a.graph_mode, a.recommended_trim_threshold, a.decided) for a in advice} == {
+        ("eager", 256, True), ("piecewise", 256, True)}
     for case in cases:
         case.deterministic["kept_rows"] = case.tokens
     for a in threshold_advice(cases, window=8):
         assert a.recommended_trim_threshold is None and "no step trimmed" in a.note
+        assert not a.decided
+
+
+@pytest.mark.slow
+def test_the_default_scenarios_advice_repeats_or_says_not_enough_evidence(tmp_path):
+    """Three default runs once advised 119, none, 119 for eager/halo. Two independent timings of
+    the smoke scenario's cases (checks off: only the timing decides advice) must give the same
+    threshold per group, or one of them no advice ("not enough evidence")."""
+    from swa_bench.bench.advice import threshold_advice
+    from swa_bench.run.cases import CaseRunner
+    from swa_bench.scenario import default_scenario_path, load_cases
+
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["checks"] = {name: {"enabled": False} for name in ("e1", "e2", "e3", "e4", "e5")}
+    path = tmp_path / "smoke-timing.yaml"
+    path.write_text(yaml.safe_dump(data))
+    scenario, cases = load_cases(path)
+    cases = [c for c in cases if c.params.get("graph_mode") != "full"]
+    window = scenario.model_args().window
+    answers = []
+    for _ in range(2):
+        runner = CaseRunner(scenario)  # a fresh runner: nothing is kept from the first timing
+        results = [runner.run_case(case) for case in cases]
+        assert all(r.status == "ok" for r in results), [r.error for r in results]
+        answers.append({(a.graph_mode, a.note.split(";")[0]): a
+                        for a in threshold_advice(results, window)})
+    first, second = answers
+    assert first.keys() == second.keys() and len(first) == 4
+    for group, a in first.items():
+        b = second[group]
+        assert (a.recommended_trim_threshold, a.decided) == (
+            b.recommended_trim_threshold, b.decided) or not (a.decided and b.decided), group

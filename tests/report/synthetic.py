@@ -151,8 +151,9 @@ def synthetic_run(*, scenario_name: str = "synthetic", failing: bool = True, err
 
 
 def clean_run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, seed: int = 0,
-              **kwargs) -> RunResults:
-    """A clean synthetic run whose timings are redrawn around `scale` x the base medians."""
+              replay_scale: float = 1.0, **kwargs) -> RunResults:
+    """A clean synthetic run whose timings are redrawn around `scale` x the base medians (the
+    replay path's around `scale` x `replay_scale` x its base median)."""
     results = synthetic_run(failing=False, error=False, **kwargs)
     rng = random.Random(seed)
     for case in results.cases:
@@ -160,8 +161,8 @@ def clean_run(*, scale: float = 1.0, samples: int = 30, noise: float = 0.02, see
         case.timing = CaseTiming(
             reference=timing_stats(base.reference.median_ms * scale, samples=samples,
                                    noise=noise, rng=rng),
-            replay=timing_stats(base.replay.median_ms * scale, samples=samples, noise=noise,
-                                rng=rng))
+            replay=timing_stats(base.replay.median_ms * scale * replay_scale, samples=samples,
+                                noise=noise, rng=rng))
     return results
 
 

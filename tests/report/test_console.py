@@ -157,3 +157,80 @@ def test_report_on_a_read_only_or_full_folder_is_one_line(tmp_path, monkeypatch)
         report.write_reports(tmp_path)
     assert (tmp_path / "results.json").read_bytes() == before
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_headline_comes_first_per_mode_and_policy_and_piped_lines_have_no_trailing_spaces(
+        tmp_path):
+    """The issue's first-hour reader found no speedup headline, and 35 of 43 piped lines ended
+    in spaces. Synthetic: replay 25% faster above 64 tokens, so each group's median speedup is
+    its middle case's."""
+    import io
+
+    from rich.console import Console
+
+    from swa_bench.report import tables
+    from swa_bench.report.console import print_run_summary
+    from tests.report.synthetic import synthetic_run
+
+    results = synthetic_run(error=False, failing=False)
+    rows = tables.headline_rows(results)
+    assert [(r.graph_mode, r.policy, r.cases) for r in rows] == [
+        ("eager", "bounded", 3), ("eager", "halo", 3), ("piecewise", "bounded", 3),
+        ("piecewise", "halo", 3)]
+    for row in rows:
+        group = sorted((c for c in results.cases
+                        if (c.graph_mode, c.policy) == (row.graph_mode, row.policy)),
+                       key=lambda c: c.speedup)
+        assert row.speedup == f"{group[1].speedup:.2f}x"
+        assert row.speedup_range == f"{group[0].speedup:.2f}–{group[-1].speedup:.2f}x"
+        assert row.efficiency == tables.fmt_share(sorted(c.efficiency for c in group)[1])
+        assert row.verdict == "pass"
+    buffer = io.StringIO()
+    print_run_summary(Console(file=buffer, width=80, color_system=None), results, tmp_path)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].strip() == "synthetic: headline"
+    assert all(line == line.rstrip() for line in lines)
+    assert max(len(line) for line in lines[:12]) <= 80
+    assert buffer.getvalue().index("headline") < buffer.getvalue().index("latency")
+
+
+def test_a_group_that_trimmed_nothing_has_no_headline_speedup():
+    from swa_bench.report import tables
+    from tests.report.synthetic import synthetic_run
+
+    results = synthetic_run(error=False, failing=False)
+    for case in results.cases:
+        if case.graph_mode == "eager" and case.policy == "halo":
+            case.deterministic = {**case.deterministic, "kept_rows": case.tokens}
+    row = next(r for r in tables.headline_rows(results) if (r.graph_mode, r.policy) == (
+        "eager", "halo"))
+    assert (row.speedup, row.efficiency) == ("n/a", "n/a")
+
+
+def test_a_sweep_too_wide_for_80_columns_numbers_its_cases_instead_of_cutting_cells():
+    """`check coverage | cat` cut cells to `piecewi…` and `halo_al…`: a table wider than the
+    console keeps every check cell whole, numbers its rows and lists the labels under it."""
+    import io
+
+    from rich.console import Console
+
+    from swa_bench.report.console import print_checks
+    from tests.report.synthetic import synthetic_run
+
+    cases = synthetic_run(error=False, failing=False).cases[:4]
+    for case in cases:
+        case.params = {**case.params, "halo_align": 4, "engine.eager_trim_threshold": 96,
+                       "model.n_layers": 8}
+        case.checks = [*case.checks, case.checks[0].model_copy(update={"id": "approximation"}),
+                       case.checks[0].model_copy(update={"id": "tasks"})]
+    buffer = io.StringIO()
+    print_checks(Console(file=buffer, width=80, color_system=None), "coverage", cases)
+    text = buffer.getvalue()
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for case in cases:
+        assert f"#{case.index}: {case.label}" in text
+    narrow = io.StringIO()
+    print_checks(Console(file=narrow, width=80, color_system=None), "coverage",
+                 synthetic_run(error=False, failing=False).cases[:3])
+    assert "#0:" not in narrow.getvalue() and "policy" in narrow.getvalue()

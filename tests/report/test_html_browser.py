@@ -75,3 +75,19 @@ def test_dom_has_charts_and_tables(report_html: Path, tmp_path: Path):
         assert f'<table id="{table}">' in dom
     assert 'id="failures"' in dom and "<script" not in dom
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+
+
+def test_the_headline_box_is_inside_the_first_900_pixels(tmp_path: Path, make_run):
+    """A 1400 x 900 window shows the headline: its box's colour (#ddf4ff) is on the screen."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_results(run_dir, make_run())
+    report = next(p for p in write_reports(run_dir) if p.suffix == ".html")
+    assert 'id="headline"' in report.read_text()
+    shot = tmp_path / "top.png"
+    done = _browse(report, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,900")
+    assert done.returncode == 0, done.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert pixels.shape == (900, 1400, 3)
+    box = np.all(np.abs(pixels - np.array([0xdd, 0xf4, 0xff])) <= 2, axis=-1)
+    assert box.sum() > 1400 * 40, "the headline's box is not in the first 900 px"

@@ -56,7 +56,7 @@ def test_markdown_verdict_and_tables(run_results):
     eager_bounded = [row for row in latency if row[2] == "eager" and row[3] == "bounded"]
     assert [row[1] for row in eager_bounded] == ["64", "256", "1024"]
     assert all(row[7].endswith("x") for row in latency[2:])
-    assert len(_table(markdown, "Approximation (bounded vs full prefill)")) == 2 + 2
+    assert len(_table(markdown, "Approximation (replay vs full prefill, per policy)")) == 2 + 2
     advice = _table(markdown, "Trim threshold advice")
     assert advice[2][2] == "256" and advice[3][3] == "replay never wins \\| no data"
     environment = dict(row for row in _table(markdown, "Environment")[2:])
@@ -70,11 +70,12 @@ def test_markdown_passing_run_has_no_failures_section(make_run):
 
 
 def test_markdown_cells_cannot_break_the_table(make_run):
-    assert md_cell("a|b\nc <b>") == "a\\|b c &lt;b&gt;"
+    assert md_cell("a|b\nc <b>") == "a\\|b c &lt;b>"
+    assert md_cell("triton -> torch, x >= 2 & y, &amp;") == "triton -> torch, x >= 2 & y, &amp;amp;"
     results = make_run(scenario_name=HOSTILE)
     results.cases[0].label = "weird|label\nsplit"
     markdown = render_markdown(results)
-    assert HOSTILE not in markdown and "&lt;script&gt;" in markdown
+    assert HOSTILE not in markdown and "&lt;script>" in markdown
     rows = [r for r in _table(markdown, "Checks") if r[0].startswith("weird")]
     assert rows and all(len(r) == 5 and r[0] == "weird\\|label split" for r in rows)
 
@@ -188,3 +189,67 @@ def test_task_chart_draws_only_what_a_log_axis_can_place(make_run):
                  answer_loss=0.1, agreement=1.0)]
     (chart,) = [c for c in all_charts(results) if c.id == "tasks"]
     assert chart.svg.startswith("<svg")
+
+
+# --- figures no correct measurement gives -------------------------------------------------------
+
+
+def _implausible_run():
+    """The threshold sweep's CPU figures, as data: a 3.52x speedup against a 2.93x FLOP ideal
+    (120%), and a case whose replay step kept every row (FULL) reporting 1.04x."""
+    from tests.report.synthetic import synthetic_run
+
+    results = synthetic_run(error=False, failing=False)
+    fast, untrimmed = results.cases[2], results.cases[3]
+    fast.ideal_speedup, fast.speedup, fast.efficiency = 2.93, 3.52, 3.52 / 2.93
+    untrimmed.deterministic = {**untrimmed.deterministic, "kept_rows": untrimmed.tokens}
+    untrimmed.ideal_speedup, untrimmed.speedup, untrimmed.efficiency = 1.0, 1.04, 1.04
+    return results, fast.label, untrimmed.label
+
+
+def test_impossible_figures_are_flagged_in_every_output(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from swa_bench.report import tables
+    from swa_bench.report.console import print_run_summary
+
+    results, fast, untrimmed = _implausible_run()
+    lines = tables.implausible(results)
+    assert lines == [f"{fast}: speedup 3.52x is 120% of the FLOP ideal 2.93x (above 105%: the "
+                     "reference path wastes time or the timing is off)",
+                     f"{untrimmed}: trimmed nothing, so its 1.04x is noise (speedup n/a)"]
+    buffer = io.StringIO()
+    print_run_summary(Console(file=buffer, width=80, color_system=None), results, tmp_path)
+    console = " ".join(buffer.getvalue().split())
+    markdown, html = render_markdown(results), render_html(results)
+    junit = ET.fromstring(render_junit(results).encode())
+    junit_warnings = [p.get("value") for p in junit.iter("property") if p.get("name") == "warning"]
+    assert junit_warnings == lines and "warning: " + lines[0] in junit.find(".//system-out").text
+    for line in lines:
+        assert f"warning: {line}" in console
+        assert md_cell(line) in markdown
+        assert line in html.replace("&#39;", "'")
+    latency = _table(markdown, "Latency")
+    row = next(r for r in latency if r[0] == untrimmed)
+    assert "n/a" in row and "1.04x" not in row  # speedup and efficiency both n/a
+
+
+def test_plausible_figures_raise_no_warning(run_results):
+    from swa_bench.report import tables
+
+    assert tables.implausible(run_results) == []
+    assert "- ⚠️" not in render_markdown(run_results).split("## Failures")[0]
+    assert 'id="implausible"' not in render_html(run_results)
+
+
+def test_the_environment_reads_as_text_and_names_the_tool(run_results):
+    from swa_bench.report import tables
+
+    run_results.environment["gemm_tflops"] = {"float32": 0.5123, "bfloat16": 1.25}
+    run_results.swa_bench_version = "0.1.0"
+    rows = dict(tables.environment_rows(run_results))
+    assert rows["gemm_tflops"] == "float32 0.512, bfloat16 1.25"
+    assert rows["swa-bench"] == "0.1.0"
+    assert "{" not in render_html(run_results).split('id="environment"')[-1].split("</table>")[0]

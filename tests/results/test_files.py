@@ -35,6 +35,27 @@ def test_round_trip_through_run_dir_and_file(tmp_path):
     assert _no_temp_files(tmp_path)
 
 
+def test_a_version_2_file_reads_and_a_new_run_records_the_tool(tmp_path):
+    """Version 3 added the tool's version and whether an advice was decided: a version-2 file
+    reads them as not recorded and decided; a run started now records the version."""
+    from swa_bench import tool_version
+    from swa_bench.run.commands import new_results
+    from swa_bench.scenario import default_scenario_path, load_scenario
+
+    data = json.loads(synthetic_run().model_dump_json())
+    data["schema_version"] = 2
+    del data["swa_bench_version"]
+    for advice in data["threshold_advice"]:
+        del advice["decided"]
+    (tmp_path / RESULTS_JSON).write_text(json.dumps(data))
+    old = load_results(tmp_path)
+    assert old.schema_version == 2 and old.swa_bench_version is None
+    assert all(a.decided for a in old.threshold_advice)
+    path = default_scenario_path()
+    fresh = new_results(path, load_scenario(path), environment={})
+    assert fresh.schema_version == 3 and fresh.swa_bench_version == tool_version()
+
+
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     target = tmp_path / "report.md"
     target.write_text("old")
@@ -66,7 +87,7 @@ def _broken(tmp_path: Path, mutate) -> Path:
     (lambda d: d.pop("scenario_hash"), "scenario_hash", "Field required"),
     (lambda d: d["cases"][0]["checks"][0].update(passed="maybe"), "cases.0.checks.0.passed",
      "boolean"),
-    (lambda d: d.update(schema_version=3), "schema_version", "unsupported version 3"),
+    (lambda d: d.update(schema_version=4), "schema_version", "unsupported version 4"),
     (lambda d: d.update(schema_version=True), "schema_version", "unsupported version True"),
 ])
 def test_invalid_content_names_the_field(tmp_path, mutate, field, words):

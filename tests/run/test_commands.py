@@ -3,6 +3,7 @@ results schema."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -107,10 +108,25 @@ def test_killed_run_resumes_without_redoing_finished_cases(scenario_file, tmp_pa
         return real(self, case, **kwargs)
 
     monkeypatch.setattr(CaseRunner, "run_case", counting)
-    assert run_scenarios([scenario_file], out=out, resume=True, console=quiet()) == 0
+    log = io.StringIO()  # a CI log: a line per case, counted from the case the kill kept
+    console = Console(file=log, width=200, force_terminal=False)
+    assert run_scenarios([scenario_file], out=out, resume=True, console=console) == 0
+    progress = [line.split()[0] for line in log.getvalue().splitlines() if line.startswith("[")]
+    assert progress == ["[2/3]", "[3/3]"]
     all_ids = [c.case_id for c in expand_cases(load_scenario(scenario_file))]
     assert sorted(resumed) == sorted(set(all_ids) - set(calls))
     assert sorted(c.case_id for c in load_results(out).cases) == sorted(all_ids)
+
+
+def test_check_json_keeps_stdout_json_and_stderr_free_of_blank_lines(scenario_file):
+    """`check --json` wrote one blank line to stderr (a bar that never showed); off a terminal
+    stderr now holds one progress line per case and nothing else."""
+    result = CliRunner().invoke(app, ["check", "--json", str(scenario_file)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["verdict"] == "pass"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3 and all(line.strip() for line in lines), lines
+    assert lines[0].startswith("[1/3] ") and lines[-1].startswith("[3/3] ")
 
 
 def test_a_resume_under_other_kernels_is_refused(scenario_file, tmp_path, monkeypatch):

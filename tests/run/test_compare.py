@@ -30,18 +30,24 @@ def _console() -> tuple[Console, io.StringIO]:
 
 
 def test_command_exit_codes_and_default_output(tmp_path):
-    base_dir, cur_dir = _dirs(tmp_path, clean_run(seed=0), clean_run(scale=1.10, seed=1))
+    base_dir, cur_dir = _dirs(tmp_path, clean_run(seed=0), clean_run(replay_scale=1.20, seed=1))
     console, buffer = _console()
     code = compare_command(base_dir, cur_dir / "results.json", max_slowdown=0.05, out=None,
                            gate_timing=True, console=console)
     assert code == 1
-    markdown = (cur_dir / "compare.md").read_text()
-    assert markdown.count("**regressed**") == len(clean_run().cases)
     assert "REGRESSED" in buffer.getvalue()
+    assert not (cur_dir / "compare.md").exists()  # a failed gate writes nothing into CURRENT
+    assert "not written" in buffer.getvalue()
+    console, _ = _console()
+    assert compare_command(base_dir, cur_dir, out=tmp_path / "c.md", console=console) == 1
+    markdown = (tmp_path / "c.md").read_text()  # --out given: the failed comparison is kept
+    assert markdown.count("**regressed**") == len(clean_run().cases)
     console, _ = _console()
     assert compare_command(base_dir, cur_dir, max_slowdown=0.05, out=tmp_path / "c.md",
                            gate_timing=False, console=console) == 0
     assert "OK: 0 regressed" in (tmp_path / "c.md").read_text()
+    assert compare_command(base_dir, cur_dir, gate_timing=False, console=console) == 0
+    assert "OK: 0 regressed" in (cur_dir / "compare.md").read_text()
 
 
 @pytest.mark.parametrize("case", ["missing", "broken", "negative", "clobber", "no-dir"])
@@ -196,7 +202,7 @@ def test_the_command_fails_on_other_kernels_unless_allowed(tmp_path, capsys):
     baseline = with_kernels(clean_run())
     base, cur = _dirs(tmp_path, baseline, with_kernels(baseline, backend="torch"))
     quiet = Console(file=io.StringIO())
-    assert compare_command(base, cur, console=quiet) == 1
-    assert "NOT COMPARABLE" in (cur / "compare.md").read_text()
+    assert compare_command(base, cur, console=quiet, out=tmp_path / "c.md") == 1
+    assert "NOT COMPARABLE" in (tmp_path / "c.md").read_text()
     assert compare_command(base, cur, console=quiet, allow_config_change=True) == 0
-    assert "A/B: kernels differ (backend triton -&gt; torch)" in (cur / "compare.md").read_text()
+    assert "A/B: kernels differ (backend triton -> torch)" in (cur / "compare.md").read_text()

@@ -144,8 +144,15 @@ def test_ctrl_c_inside_a_claim_says_what_was_kept(tmp_path):
     folder = tmp_path / "run"
     command = resume_command(["s.yaml"], folder, [folder])
     assert command == f"swa-bench run s.yaml --out {folder} --resume"
-    with pytest.raises(Interrupted, match=r"kept 0 finished cases in .*; continue with: swa"):
+    with pytest.raises(Interrupted) as caught:
         with claim([folder], ["s"], ["h"], resume=False, overwrite=False, resume_command=command):
+            raise KeyboardInterrupt
+    assert str(caught.value) == "interrupted before any case finished: nothing was kept"
+    assert not folder.exists(), "the folder it made is gone, so no --resume is offered for it"
+    with pytest.raises(Interrupted, match=r"^interrupted: kept 12 finished cases in .*run; "
+                                          r"continue with: swa.*--resume$"):
+        with claim([folder], ["s"], ["h"], resume=False, overwrite=False, resume_command=command):
+            save_results(folder, synthetic.synthetic_run(error=False))
             raise KeyboardInterrupt
 
 
