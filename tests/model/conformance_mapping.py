@@ -133,9 +133,7 @@ def swa_bench_args(ref: dict) -> ArgsMapping:
     present = {k: v for k, v in {**wanted, **optional}.items() if k in MODEL_FIELDS}
     args = ModelArgs(**present)
     if getattr(args, "engram_layers", None):
-        from swa_bench.model.engram import engram_table_rows
-
-        rows = list(engram_table_rows(args))
+        rows = list(args.engram_table_rows)
         if rows != list(ref["engram_num_embeddings"]):
             missing.append(f"engram table rows {rows} (= {ref['engram_num_embeddings']!r})")
     derived = [args.compress_ratio_for(i) or 0 for i in range(n)]

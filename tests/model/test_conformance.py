@@ -199,14 +199,15 @@ def test_engram_hash_ids_match_the_reference(reference):
     decode tokens) looks up, by swa-bench's hashing of whole sequences (the engine's per-step
     hashing from the cache's token history is held to it by the Engram tests), bit for bit."""
     from swa_bench.model import engram
+    from swa_bench.model.ngram_hash import ngram_hash_ids, sequence_ngrams
 
     args = cm.swa_bench_args(reference.config).args
     ids = torch.cat([reference.prompt, reference.decode_tokens], dim=1)
     layout = engram.engram_layout(args, ids.device)
-    ngrams = engram.sequence_ngrams(engram.compress_ids(ids, args), layout.pad_id,
+    ngrams = sequence_ngrams(engram.compress_ids(ids, args), layout.pad_id,
                                     layout.max_ngram)
     want = reference.expected["engram_hash_ids"]
-    assert torch.equal(engram.ngram_hash_ids(ngrams, layout).view(want.shape), want)
+    assert torch.equal(ngram_hash_ids(ngrams, layout).view(want.shape), want)
 
 
 def test_dspark_aux_hidden_states_match_the_reference(reference, conformance):
