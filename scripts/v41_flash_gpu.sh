@@ -36,8 +36,8 @@ case "${1:-all}" in
        run_case "piecewise/bounded/T=16384/" piecewise-16k 150 ;;
   64k) run_case "eager/bounded/T=65536/" eager-64k 240
        run_case "piecewise/bounded/T=65536/" piecewise-64k 240 ;;
-  eager) run_case "eager/bounded/T=16384/" eager-16k 100
-         run_case "eager/bounded/T=65536/" eager-64k 170 ;;
+  eager) run_case "eager/bounded/T=16384/" eager-16k 200
+         run_case "eager/bounded/T=65536/" eager-64k 300 ;;
   all) run_case "eager/bounded/T=16384/" eager-16k 90
        run_case "piecewise/bounded/T=16384/" piecewise-16k 70
        run_case "eager/bounded/T=65536/" eager-64k 150
