@@ -118,7 +118,10 @@ def assert_replay_is_the_eager_step(step: TrainStep, batch, cfg: TrainConfig) ->
         scale = float(theirs.abs().max())
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-3 * scale + 1e-9, msg=name)
         moved += scale > 0
-    assert moved > 0.9 * len(before)
+    # The draft layers (DSpark: their rings are seeded, their weights not trained) and the MoE
+    # gate's bias (it only chooses experts: no gradient) stay; nearly every other weight moves.
+    trained = [n for n in before if not n.startswith("dspark.") and not n.endswith("gate.bias")]
+    assert moved > 0.9 * len(trained)
 
 
 def cuda_step(seq_len: int, *lengths: int):
