@@ -268,6 +268,19 @@ def no_engram(monkeypatch):
     monkeypatch.setattr(model_module, "engram_input", lambda engram, streams, hashes: streams)
 
 
+def no_inverse_rope(monkeypatch):
+    """The attention output keeps the keys' rotations (the reference turns it back at the
+    query's position before ``wo_a``)."""
+    from swa_bench.model.latent_attention import Attention
+
+    real = Attention.rope
+
+    def rope(self, x, positions, rope_dim=None, *, inverse=False, inplace=False):
+        return x if inverse else real(self, x, positions, rope_dim, inplace=inplace)
+
+    monkeypatch.setattr(Attention, "rope", rope)
+
+
 SEEDED_ARGS = {
     "theta 10000 on the compressed layers": {"compress_rope_theta": 10000.0},
     "no YaRN": {"original_seq_len": 0},
@@ -281,6 +294,7 @@ SEEDED_CODE = {
     "gate bias in the routing weights": bias_in_routing_weights,
     "mean-pooled compressor": mean_pooled_compressor,
     "no Engram": no_engram,
+    "no inverse RoPE": no_inverse_rope,
 }
 
 
