@@ -3,7 +3,7 @@
     tokens -> embedding -> mHC streams
       -> window-only layers (window ring); Engram before its layers (n-gram lookups, every row)
       -> encoder layers (window ring + compressed KV of the closest KV source)
-      -> layer S: write batch KV (its latent for every row) | the rest of S
+      -> layer S: batch KV (window KV, compressor KV, indexer publications: every row) | the rest
       -> decoder layers (window ring + S's global KV)          } the replay layers
       -> DSpark draft rings, from the target layers' inputs      }
       -> head on the logits rows
