@@ -45,8 +45,8 @@ from swa_bench.model.latent_attention import Attention
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
 
-__all__ = ["Block", "ReplayInputs", "ReplayLayers", "Streams", "Transformer", "build_model",
-           "init_weights", "materialize", "replay_layers"]
+__all__ = ["Block", "ModelOutput", "ReplayInputs", "ReplayLayers", "ReplayOutputs", "Streams",
+           "Transformer", "build_model", "init_weights", "materialize", "replay_layers"]
 
 # Runs the rest of S and the decoder: (S's KV of every batch row, *per-row inputs) -> per-row
 # outputs; the per-row tensors are a ``ReplayInputs`` flattened (the replay route gathers and
@@ -59,9 +59,8 @@ class ReplayInputs:
     """What the replay layers read of each row, by name: the mHC streams entering layer S and the
     pre-mix S's attention collapses them with (the replay recomputes S's attention input on the
     kept rows from them), then S's publications (its indexer's top-k selection and candidate
-    blocks, computed on every batch row before the cut). Out of the replay layers: the final
-    streams and the final pre-mix. Flat tensors for the route (``tensors``), named again inside
-    (``of``)."""
+    blocks, computed on every batch row before the cut). What comes out is a ``ReplayOutputs``.
+    Flat tensors for the route (``tensors``), named again inside (``of``)."""
 
     streams: Streams
     pre_mix: torch.Tensor
