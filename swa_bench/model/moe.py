@@ -124,6 +124,19 @@ def swiglu(h: torch.Tensor, limit: float, weights: torch.Tensor | None = None) -
     return a.to(h.dtype)
 
 
+def combine_pairs(y: torch.Tensor, order: torch.Tensor, top_k: int, shared: torch.Tensor | None,
+                  out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The expert-sorted pair outputs ``y`` (already weighted) back to their pairs, each row's
+    ``top_k`` summed in fp32 with the shared expert's output, rounded once to ``dtype``, written
+    into ``out`` when given (the reference's fp32 ``y`` then ``type_as(x)``)."""
+    y = torch.zeros_like(y).index_copy_(0, order, y)
+    summed = y.view(-1, top_k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
+    if shared is not None:
+        summed = summed + shared
+    summed = summed.to(dtype)
+    return summed if out is None else out.copy_(summed)
+
+
 class RoutedExperts(nn.Module):
     """Routed expert weights: ``w13 [E, 2 * inter, dim]`` (gate, up: the reference's ``w1``,
     ``w3``), ``w2 [E, dim, inter]``."""
@@ -184,7 +197,7 @@ class MoE(nn.Module):
         output of those rows) when given, written into ``out`` when given; ``fused``: the
         inference kernels these rows run on (``fused_moe``, decided once per forward), None: the
         PyTorch steps."""
-        t, k, limit = x.shape[0], self.top_k, self.swiglu_limit
+        k, limit = self.top_k, self.swiglu_limit
         experts, weights = self.route(x, fused)
         if fused is not None:
             order, ends = moe_sort(fused, experts, self.n_experts)
@@ -204,12 +217,7 @@ class MoE(nn.Module):
             a = silu_mul(fused, h, limit, weights, order)
             return moe_combine(fused, grouped_mm(a, w.w2, ends), order, k, out, shared)
         y = grouped_mm(swiglu(h, limit, weights.flatten()[order][:, None]), w.w2, ends)
-        y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
-        if shared is not None:
-            summed = summed + shared
-        summed = summed.to(x.dtype)
-        return summed if out is None else out.copy_(summed)
+        return combine_pairs(y, order, k, shared, out, x.dtype)
 
     def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
         """The shared expert (the reference's ``shared_experts``: the routed experts' clamped

@@ -26,7 +26,7 @@ from swa_bench.model.args import ModelArgs
 from swa_bench.model.cache import KVCache
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.model import Transformer, build_model, materialize
-from swa_bench.model.moe import Gate, MoE, RoutedExperts, grouped_mm, swiglu
+from swa_bench.model.moe import Gate, MoE, RoutedExperts, combine_pairs, grouped_mm, swiglu
 from swa_bench.parallel.collectives import all_reduce_sum
 from swa_bench.parallel.layout import ParallelLayout
 
@@ -72,7 +72,7 @@ class ExpertParallelMoE(MoE):
         """``MoE.routed`` over this rank's experts: pairs routed elsewhere sort last, outside every
         group of the grouped GEMM, and contribute zero. Always the PyTorch steps (``fused`` is
         not taken: the fused combine has no mask for other ranks' pairs)."""
-        t, k = x.shape[0], self.top_k
+        k = self.top_k
         experts, weights = self.route(x)
         local = experts.flatten() - self.first_expert
         mine = (local >= 0) & (local < self.n_local)
@@ -85,12 +85,7 @@ class ExpertParallelMoE(MoE):
         y = grouped_mm(swiglu(h, self.swiglu_limit, weights.flatten()[order][:, None]), w.w2,
                        ends)
         y = torch.where(mine[order][:, None], y, 0)
-        y = torch.zeros_like(y).index_copy_(0, order, y)
-        summed = y.view(t, k, y.shape[-1]).sum(dim=1, dtype=torch.float32)
-        if shared is not None:
-            summed = summed + shared
-        summed = summed.to(x.dtype)
-        return summed if out is None else out.copy_(summed)
+        return combine_pairs(y, order, k, shared, out, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(super().forward(x), self.group)
