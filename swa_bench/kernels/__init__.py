@@ -25,6 +25,7 @@ from swa_bench.kernels.hyper_connection import (
 )
 from swa_bench.kernels.indexer import index_score_flops, index_scores_fused
 from swa_bench.kernels.latents import fused_latents, norm_latents
+from swa_bench.kernels.linear import fp32_linear
 from swa_bench.kernels.moe import (
     expert_gemm,
     fused_moe,
@@ -39,8 +40,8 @@ from swa_bench.kernels.rope import fused_rope, rope_
 from swa_bench.kernels.window_index import window_index_rows
 
 __all__ = ["TORCH_KERNELS", "KernelSettings", "Kernels", "TileConfig", "expert_gemm",
-           "fused_hc", "fused_latents",
-           "fused_moe", "fused_rope", "gate_in_route", "hc_post", "hc_pre", "hc_project",
+           "fp32_linear", "fused_hc", "fused_latents", "fused_moe", "fused_rope",
+           "gate_in_route", "hc_post", "hc_pre", "hc_project",
            "hc_split_sinkhorn", "index_score_flops",
            "index_scores_fused", "moe_combine", "moe_route", "moe_sort", "mqa_attention",
            "mqa_attention_flops", "norm_latents", "rope_", "silu_mul",

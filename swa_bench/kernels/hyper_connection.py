@@ -23,7 +23,10 @@ from swa_bench.kernels.launch import launch
 MAX_STREAMS = 4
 BLOCK_D = 1024
 SINKHORN_BLOCK_R = 32  # rows a Sinkhorn program owns: 32 x 4 x 4 fp32 in registers
-PROJECT_BLOCK_R, PROJECT_BLOCK_D = 32, 128  # rows a projection program owns; columns a step
+# Rows a projection program owns and columns a step, by the streams' dtype (never the batch's
+# shape: a row's sums keep one order). bf16 streams run tensor-core dots (``_split_dot``), whose
+# Hopper instructions take 64 rows; fp32 streams a full-precision fp32 dot.
+PROJECT_TILE = {torch.bfloat16: (64, 64), torch.float32: (32, 128)}
 
 
 def fused_hc(kernels: Kernels, streams: Sequence[torch.Tensor],
@@ -53,19 +56,21 @@ def _fp32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _hc_project(streams: list[torch.Tensor], fn: torch.Tensor, eps: float,
-                direct: bool) -> torch.Tensor:
+                direct: bool, interpret: bool) -> torch.Tensor:
     from swa_bench.kernels import triton_hc
 
     rows, dim = streams[0].shape
+    split = streams[0].dtype == torch.bfloat16
+    block_r, block_d = PROJECT_TILE[torch.bfloat16 if split else torch.float32]
     mixes = torch.empty(rows, fn.shape[0], dtype=torch.float32, device=streams[0].device)
     if rows == 0:
         return mixes
     s = _padded(streams)
-    launch(triton_hc.hc_project_kernel, (-(-rows // PROJECT_BLOCK_R),),
+    launch(triton_hc.hc_project_kernel, (-(-rows // block_r),),
         *s, fn, mixes, rows, s[0].stride(0), fn.stride(0), mixes.stride(0), eps, D=dim,
         HC=len(streams), OUT=fn.shape[0], OUT_PAD=max(16, next_pow2(fn.shape[0])),
-        BLOCK_R=PROJECT_BLOCK_R, BLOCK_D=PROJECT_BLOCK_D, direct=direct, num_warps=4,
-        num_stages=2)
+        BLOCK_R=block_r, BLOCK_D=block_d, SPLIT=split, INTERPRET=interpret, direct=direct,
+        num_warps=4, num_stages=2)
     return mixes
 
 
@@ -73,7 +78,7 @@ hc_project_op = torch.library.custom_op("swa_bench::hc_project", _hc_project, mu
 
 
 @hc_project_op.register_fake
-def _(streams, fn, eps, direct):
+def _(streams, fn, eps, direct, interpret):
     return streams[0].new_empty(streams[0].shape[0], fn.shape[0], dtype=torch.float32)
 
 
@@ -93,7 +98,7 @@ def hc_project(kernels: Kernels, streams: Sequence[torch.Tensor], fn: torch.Tens
         raise ValueError(f"fn takes {fn.shape[1]} columns, the streams flatten to "
                          f"{len(streams) * streams[0].shape[1]}")
     return call_op(hc_project_op, _hc_project, list(streams), _fp32(fn), float(eps),
-                   kernels.direct_launch)
+                   kernels.direct_launch, kernels.interpret)
 
 
 def hc_split_sinkhorn(kernels: Kernels, mixes: torch.Tensor, scale: torch.Tensor,

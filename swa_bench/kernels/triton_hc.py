@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -132,27 +133,65 @@ def hc_post_kernel(out, s0, s1, s2, s3, post, comb, y0, y1, y2, y3,
 
 
 @triton.jit
+def _bf16_dot(x, part, acc, INTERPRET: tl.constexpr):
+    """``acc + x @ part^T`` of bf16 tiles, fp32 sums. The interpreter's bf16 dot is wrong and
+    its fp32 dot (numpy's matmul) sums a row in an order that depends on the row's place in the
+    tile: the same exact products summed per row there, whatever the other rows."""
+    if INTERPRET:
+        products = x.to(tl.float32)[:, None, :] * part.to(tl.float32)[None, :, :]
+        return acc + tl.sum(products, 2)
+    return tl.dot(x, tl.trans(part), acc)
+
+
+@triton.jit
+def _split_dot(x, w, acc, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + x @ w^T`` for ``x`` (the streams' dtype) and fp32 ``w``, as the fp32 GEMM of the
+    exact fp32 values. ``SPLIT`` (bf16 ``x``): ``w`` as the sum of three bf16 parts (``hi =
+    bf16(w)``, ``mid = bf16(w - hi)``, ``lo = bf16(w - hi - mid)``: 24 mantissa bits, ``w``
+    itself for every normal fp32 value), each a tensor-core dot whose products of bf16 values
+    are exact in fp32 and whose sums run in fp32, smallest part first; else one full-precision
+    fp32 dot (fp32 streams, whose values bf16 parts would not hold)."""
+    if SPLIT:
+        hi = w.to(tl.bfloat16)
+        rest = w - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        step = _bf16_dot(x, lo, tl.zeros_like(acc), INTERPRET)
+        step = _bf16_dot(x, mid, step, INTERPRET)
+        # A tensor-core accumulator truncates its sums: one summed over the whole row would
+        # drift by an ulp an instruction (2e-4 at V4.1-Flash's 20480 columns, 8x the fp32
+        # GEMM's error). It sums one column step; the steps add in round-to-nearest fp32
+        # (``add_rn``: opaque, so Triton cannot fold it into the dot's accumulator).
+        step = _bf16_dot(x, hi, step, INTERPRET)
+        return acc + step if INTERPRET else libdevice.add_rn(acc, step)
+    return tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+
+
+@triton.jit
 def _project_stream(s, j: tl.constexpr, base, r_ok, cols, D, fn, stride_f, o, OUT: tl.constexpr,
-                    acc, sq):
-    """One stream's column step of the projection: its fp32 tile's squares into ``sq`` and its
+                    acc, sq, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """One stream's column step of the projection: its tile's fp32 squares into ``sq`` and its
     product with ``fn``'s columns ``j * D + cols`` into ``acc``."""
     col_ok = cols < D
     x = tl.load(s + base[:, None] + cols[None, :], mask=r_ok[:, None] & col_ok[None, :],
-                other=0.0).to(tl.float32)
+                other=0.0)
     w = tl.load(fn + o[:, None] * stride_f + (j * D + cols)[None, :],
                 mask=(o[:, None] < OUT) & col_ok[None, :], other=0.0)
-    return tl.dot(x, tl.trans(w), acc, input_precision="ieee"), sq + x * x
+    xf = x.to(tl.float32)
+    return _split_dot(x, w, acc, SPLIT, INTERPRET), sq + xf * xf
 
 
 @triton.jit
 def hc_project_kernel(s0, s1, s2, s3, fn, mixes, rows, stride_s, stride_f, stride_m, eps,
                       D: tl.constexpr, HC: tl.constexpr, OUT: tl.constexpr,
-                      OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                      OUT_PAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
     """``mixes[r] = (flat[r] @ fn^T) * rsqrt(mean(flat[r]^2) + eps)`` for a block of rows,
     ``flat[r]`` the fp32 concatenation of the ``HC`` streams' rows (never materialised): one
     read of the streams gives the squares and the product (fp32 sums, the reference's fp32
-    GEMM); the block shares each load of ``fn [OUT, HC * D]`` fp32. A row's sums run over the
-    columns in ``BLOCK_D`` steps whichever rows share its block: batch-invariant."""
+    GEMM: ``_split_dot``); the block shares each load of ``fn [OUT, HC * D]`` fp32. A row's
+    sums run over the columns in ``BLOCK_D`` steps whichever rows share its block:
+    batch-invariant."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = r < rows
     base = r.to(tl.int64) * stride_s
@@ -161,16 +200,17 @@ def hc_project_kernel(s0, s1, s2, s3, fn, mixes, rows, stride_s, stride_f, strid
     acc = tl.zeros([BLOCK_R, OUT_PAD], tl.float32)
     sq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for c0 in range(0, D, BLOCK_D):
-        acc, sq = _project_stream(s0, 0, base, r_ok, c0 + offs, D, fn, stride_f, o, OUT, acc, sq)
+        acc, sq = _project_stream(s0, 0, base, r_ok, c0 + offs, D, fn, stride_f, o, OUT, acc, sq,
+                                  SPLIT, INTERPRET)
         if HC > 1:
             acc, sq = _project_stream(s1, 1, base, r_ok, c0 + offs, D, fn, stride_f, o, OUT,
-                                      acc, sq)
+                                      acc, sq, SPLIT, INTERPRET)
         if HC > 2:
             acc, sq = _project_stream(s2, 2, base, r_ok, c0 + offs, D, fn, stride_f, o, OUT,
-                                      acc, sq)
+                                      acc, sq, SPLIT, INTERPRET)
         if HC > 3:
             acc, sq = _project_stream(s3, 3, base, r_ok, c0 + offs, D, fn, stride_f, o, OUT,
-                                      acc, sq)
+                                      acc, sq, SPLIT, INTERPRET)
     rsqrt = 1.0 / tl.sqrt(tl.sum(sq, 1) / (HC * D) + eps)
     tl.store(mixes + r.to(tl.int64)[:, None] * stride_m + o[None, :], acc * rsqrt[:, None],
              mask=r_ok[:, None] & (o < OUT)[None, :])

@@ -24,12 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from swa_bench.kernels import fp32_linear
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import active_kernels
 from swa_bench.model.norm import RMSNorm
 
 
@@ -68,8 +69,9 @@ class Compressor(nn.Module):
         reference promotes these weights); ratio 1: the kv in the model dtype, no gate."""
         if self.ratio == 1:
             return self.wkv(x), None
-        xf = x.float()
-        return F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())
+        kernels = active_kernels()
+        return (fp32_linear(kernels, x, self.wkv.weight),
+                fp32_linear(kernels, x, self.wgate.weight))
 
     def whole_groups(self, x: torch.Tensor) -> torch.Tensor:
         """The normed latent (pre-RoPE) of every whole group of cold sequences ``x [B, T, dim]``:

@@ -16,6 +16,7 @@ from torch import nn
 from swa_bench.kernels import (
     Kernels,
     expert_gemm,
+    fp32_linear,
     fused_moe,
     gate_in_route,
     moe_combine,
@@ -88,7 +89,7 @@ class Gate(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The gate's product in fp32 (of the model-dtype rows and weight), as the reference's."""
-        return F.linear(x.float(), self.weight.float())
+        return fp32_linear(active_kernels(), x, self.weight)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return route(self.logits(x), self.bias, self.top_k, self.route_scale)

@@ -1,0 +1,36 @@
+"""``fp32_linear``: the reference's fp32 product of bf16 operands, on the GPU as tensor-core sums
+with round-to-nearest steps, held to float64 within the promoted fp32 GEMM's own error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swa_bench.kernels import TORCH_KERNELS, Kernels, fp32_linear
+
+
+def operands(rows: int, k: int, n: int, device: str):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, k, device=device, generator=g).bfloat16()
+    w = (torch.randn(n, k, device=device, generator=g) / k**0.5).bfloat16()
+    return x, w
+
+
+def test_the_torch_path_is_the_promoted_gemm():
+    x, w = operands(5, 64, 7, "cpu")
+    assert torch.equal(fp32_linear(TORCH_KERNELS, x, w), F.linear(x.float(), w.float()))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(1000, 5120, 384), (37, 4096, 512), (130, 200, 70)])
+def test_the_tensor_core_product_is_as_exact_as_the_fp32_gemm(shape):
+    """Within 2x the fp32 GEMM's own error against float64 (the truncating accumulator of one
+    dot over all of K is 10x), and each row's sums independent of the rows around it."""
+    x, w = operands(*shape, "cuda")
+    want = x.double() @ w.double().t()
+    mine = fp32_linear(Kernels("triton"), x, w)
+    assert mine.dtype == torch.float32 and mine.shape == (shape[0], shape[2])
+    fp32_error = (F.linear(x.float(), w.float()).double() - want).abs().max().item()
+    assert (mine.double() - want).abs().max().item() <= 2 * fp32_error
+    assert torch.equal(fp32_linear(Kernels("triton"), x[33:35], w), mine[33:35])
