@@ -25,12 +25,15 @@ def test_the_torch_path_is_the_promoted_gemm():
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(1000, 5120, 384), (37, 4096, 512), (130, 200, 70)])
 def test_the_tensor_core_product_is_as_exact_as_the_fp32_gemm(shape):
-    """Within 2x the fp32 GEMM's own error against float64 (the truncating accumulator of one
-    dot over all of K is 10x), and each row's sums independent of the rows around it."""
+    """Within 4x the fp32 GEMM's own error against float64, measured on the same operands (1-2x
+    on the H200; cuBLAS's bf16 GEMM with fp32 output, one truncating accumulator over all of K,
+    is 10-30x), and each row's sums independent of the rows around it."""
     x, w = operands(*shape, "cuda")
     want = x.double() @ w.double().t()
     mine = fp32_linear(Kernels("triton"), x, w)
     assert mine.dtype == torch.float32 and mine.shape == (shape[0], shape[2])
     fp32_error = (F.linear(x.float(), w.float()).double() - want).abs().max().item()
-    assert (mine.double() - want).abs().max().item() <= 2 * fp32_error
-    assert torch.equal(fp32_linear(Kernels("triton"), x[33:35], w), mine[33:35])
+    error = (mine.double() - want).abs().max().item()
+    assert error <= 4 * fp32_error, f"{error:.3g} against the fp32 GEMM's {fp32_error:.3g}"
+    part = fp32_linear(Kernels("triton"), x[33:35], w)
+    assert torch.equal(part, mine[33:35]), f"{(part - mine[33:35]).abs().max().item():.3g}"
