@@ -103,6 +103,22 @@ def smallest_capture_size(tokens: int, sizes: Sequence[int]) -> int | None:
     return min(fitting) if fitting else None
 
 
+def replay_capture_size_table(window: int, max_capture_size: int, max_num_seqs: int) -> list[int]:
+    """Issue 34's replay capture sizes restated as a membership test: ``s`` is on the grid when
+    it is ``W + j * max(W, 2^k / 8)`` from the start of the stretch of interval ``[2^k, 2^(k+1))``
+    it lies in, walking one size at a time; the bound is always the last size."""
+    bound = min(max_capture_size, max_num_seqs * window)
+    table = [window] if window < bound else []
+    for s in range(window + 1, bound):
+        prev = table[-1]
+        interval = 1
+        while interval * 2 <= prev:
+            interval *= 2
+        if s - prev == max(window, interval // 8):
+            table.append(s)
+    return [*table, bound]
+
+
 @dataclass(frozen=True)
 class Expected:
     """What the SPEC says a step does. ``kept_lens`` are the policy's, whatever the route;

@@ -34,3 +34,36 @@ def padded_size(num_tokens: int, sizes: Sequence[int]) -> int | None:
     """The smallest capture size holding ``num_tokens``; None above the largest (run eagerly)."""
     i = bisect.bisect_left(sizes, num_tokens)
     return sizes[i] if i < len(sizes) else None
+
+
+def replay_capture_sizes(
+    window: int, *, max_capture_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+    sizes: Sequence[int] | None = None,
+) -> list[int]:
+    """The padded sizes replay batches are captured at (issue 34, after vLLM's
+    ``DecoderReplayCudaGraphManager``): a replay batch keeps about W rows per request, so sizes
+    step by W, and by 1/8 of the power-of-two interval ``[2^k, 2^(k+1))`` a size lies in once that
+    is wider than W; up to ``min(max_capture_size, max_num_seqs * W)``, that bound itself the last
+    size, so every batch up to it pads. ``sizes`` given: checked, not derived. A size above
+    ``max_num_batched_tokens`` could never be filled by a step: a ValueError, as is a default
+    bound above it."""
+    if window < 1 or max_num_seqs < 1 or max_capture_size < 1:
+        raise ValueError(
+            f"replay capture sizes need window, max_num_seqs and max_capture_size >= 1, got "
+            f"{window}, {max_num_seqs}, {max_capture_size}"
+        )
+    if sizes is None:
+        bound = min(max_capture_size, max_num_seqs * window)
+        sizes, size = [], window
+        while size < bound:
+            sizes.append(size)
+            size += max(window, (1 << (size.bit_length() - 1)) // 8)
+        sizes.append(bound)
+    sizes = list(sizes)
+    check_capture_sizes(sizes)
+    if sizes[-1] > max_num_batched_tokens:
+        raise ValueError(
+            f"replay capture size {sizes[-1]} exceeds max_num_batched_tokens "
+            f"{max_num_batched_tokens}: a step never holds that many rows"
+        )
+    return sizes

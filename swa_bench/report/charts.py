@@ -14,19 +14,31 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
+from swa_bench.replay.row_selection import POLICIES
 from swa_bench.report.tables import task_cases
 from swa_bench.results import CaseResult, RunResults
 
 _MARKERS = {"bounded": "o", "halo": "s", "full": "^"}
 _STYLES = {"bounded": "-", "halo": "--", "full": ":"}
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+# One colour per graph mode and policy, fixed, so a series keeps its colour in every report
+# (whichever modes a run swept): a hue family per mode, a shade per policy, in POLICIES' order.
+_MODE_SHADES = {
+    "eager": ("#08306b", "#2171b5", "#6baed6", "#4a1486", "#9e9ac8"),
+    "piecewise": ("#7f2704", "#d94801", "#fd8d3c", "#99000d", "#ef6548"),
+    "full": ("#00441b", "#238b45", "#74c476", "#525252", "#a1d99b"),
+}
+SERIES_COLORS: dict[tuple[str, str], str] = {
+    (mode, policy): shades[n] for mode, shades in _MODE_SHADES.items()
+    for n, policy in enumerate(POLICIES)}
+_UNKNOWN_COLOR = "#7f7f7f"
 
 
 @dataclass(frozen=True)
@@ -35,14 +47,31 @@ class Chart:
     title: str
     caption: str
     svg: str
+    # The drawn figure, for tests that measure its layout (legend against axes); not rendered.
+    figure: Figure | None = field(default=None, repr=False, compare=False)
 
 
 def safe_label(text: object) -> str:
     return str(text).replace("$", "＄").replace("\n", " ")[:80]
 
 
-def _color(mode: str, modes: list[str]) -> str:
-    return _COLORS[modes.index(mode) % len(_COLORS)]
+def series_color(mode: str, policy: str) -> str:
+    """The fixed colour of a graph mode and policy (grey for a name the map does not know)."""
+    return SERIES_COLORS.get((mode, policy), _UNKNOWN_COLOR)
+
+
+def mode_color(mode: str) -> str:
+    """A graph mode's own colour (its bounded shade), for marks that belong to the whole mode."""
+    return series_color(mode, "bounded")
+
+
+def _outside_legend(fig: Figure, ax: Axes, ncols: int = 2) -> None:
+    """The legend below the axes, never on them: constrained layout makes room for an
+    ``outside`` figure legend, so no line or point is hidden behind the legend box."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", fontsize=7,
+                   ncols=min(ncols, len(handles)), frameon=False)
 
 
 def _new_figure() -> tuple[Figure, Axes]:
@@ -99,11 +128,10 @@ def _modes(cases: Iterable[CaseResult]) -> list[str]:
 
 
 def _series(cases: list[CaseResult]) -> list[_Series]:
-    modes = _modes(cases)
     groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
     for case in sorted(cases, key=lambda c: (c.graph_mode, c.policy, c.tokens, c.index)):
         groups[(case.graph_mode, case.policy)].append(case)
-    return [_Series(f"{mode}/{policy}", policy, _color(mode, modes), group)
+    return [_Series(f"{mode}/{policy}", policy, series_color(mode, policy), group)
             for (mode, policy), group in groups.items()]
 
 
@@ -128,8 +156,8 @@ def _token_chart(fig: Figure, ax: Axes, cases: list[CaseResult], ylabel: str, ch
     """A chart over tokens, finished: the token axis, the y label, the legend, the SVG."""
     _token_axis(ax, cases)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, ncols=2)
-    return Chart(chart_id, title, caption, figure_svg(fig, chart_id))
+    _outside_legend(fig, ax, ncols=3)
+    return Chart(chart_id, title, caption, figure_svg(fig, chart_id), fig)
 
 
 def latency_chart(results: RunResults) -> Chart | None:
@@ -195,12 +223,26 @@ def break_even_chart(results: RunResults) -> Chart | None:
     modes = _modes(cases)
     for advice in results.threshold_advice:
         if advice.recommended_trim_threshold is not None and advice.graph_mode in modes:
-            ax.axvline(advice.recommended_trim_threshold, color=_color(advice.graph_mode, modes),
+            ax.axvline(advice.recommended_trim_threshold, color=mode_color(advice.graph_mode),
                        alpha=0.35, linewidth=1)
     ax.axhline(1.0, color="black", linewidth=1.0, label="break-even")
     return _token_chart(fig, ax, cases, "replay / reference latency", "break-even",
                         "Break-even per graph mode", "Below 1.0 replay is faster; faint vertical "
                         "lines mark the advised trim_threshold.")
+
+
+def _shaded(cases: list[CaseResult]) -> list[tuple[CaseResult, float]]:
+    """Each case with an opacity: the cases of one mode and policy share its colour, fainter
+    for fewer tokens, so a chart with a line per case keeps the fixed colour map."""
+    groups: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
+    for case in cases:
+        groups[(case.graph_mode, case.policy)].append(case)
+    shade = {}
+    for group in groups.values():
+        ranked = sorted(group, key=lambda c: (c.tokens, c.index))
+        for rank, case in enumerate(ranked):
+            shade[case.index] = 1.0 if len(ranked) == 1 else 0.4 + 0.6 * rank / (len(ranked) - 1)
+    return [(case, shade[case.index]) for case in cases]
 
 
 def approximation_chart(results: RunResults) -> Chart | None:
@@ -209,10 +251,11 @@ def approximation_chart(results: RunResults) -> Chart | None:
         return None
     fig, ax = _new_figure()
     values = [v for c in cases for v in c.approximation.window_kv_rel_error if math.isfinite(v)]
-    for n, case in enumerate(cases):
+    for case, shade in _shaded(cases):
         errors = [v if math.isfinite(v) else math.nan
                   for v in case.approximation.window_kv_rel_error]
-        ax.plot(range(1, len(errors) + 1), errors, color=_COLORS[n % len(_COLORS)],
+        ax.plot(range(1, len(errors) + 1), errors,
+                color=series_color(case.graph_mode, case.policy), alpha=shade,
                 marker=_MARKERS.get(case.policy, "o"), linestyle=_STYLES.get(case.policy, "-"),
                 label=safe_label(case.label))
     if all(v > 0 for v in values):
@@ -223,11 +266,11 @@ def approximation_chart(results: RunResults) -> Chart | None:
     ax.set_xlabel("decoder layer after S (depth)")
     ax.set_ylabel("window-KV relative error")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _outside_legend(fig, ax, ncols=3)
     return Chart("approximation", "Approximation error vs decoder depth",
                  "Relative error of each decoder layer's window KV against a full prefill; "
                  "bounded replay's error compounds with depth, halo replay stays at rounding.",
-                 figure_svg(fig, "approximation"))
+                 figure_svg(fig, "approximation"), fig)
 
 
 def task_chart(results: RunResults) -> Chart | None:
@@ -247,8 +290,9 @@ def task_chart(results: RunResults) -> Chart | None:
     rows = -(-panels // cols)
     fig = Figure(figsize=(3.4 * cols, 2.8 * rows), dpi=100, layout="constrained")
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
-    for n, case in enumerate(cases):
-        style = dict(color=_COLORS[n % len(_COLORS)], marker=_MARKERS.get(case.policy, "x"),
+    for case in cases:
+        style = dict(color=series_color(case.graph_mode, case.policy),
+                     marker=_MARKERS.get(case.policy, "x"),
                      linestyle=_STYLES.get(case.policy, "-."), label=safe_label(case.policy))
         for ax, (task, distance) in zip(axes, groups, strict=False):
             cells = sorted((c.prompt_len, c.accuracy) for c in case.tasks.cells
@@ -274,13 +318,13 @@ def task_chart(results: RunResults) -> Chart | None:
         ax.set_xlabel("prompt tokens", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
-    next(ax for ax in axes if ax.has_data()).legend(fontsize=7)
+    _outside_legend(fig, next(ax for ax in axes if ax.has_data()), ncols=len(cases))
     return Chart("tasks", "Task accuracy vs prompt length, per policy",
                  "Trained model: last-token answer accuracy by prompt length (a panel per fact "
                  "distance for recall, which reads the global KV; copy reads the window KV), "
                  "and the teacher-forced held-out loss of the prefill's last token and the "
                  "decode steps after it, per replay policy.",
-                 figure_svg(fig, "tasks"))
+                 figure_svg(fig, "tasks"), fig)
 
 
 def all_charts(results: RunResults) -> list[Chart]:

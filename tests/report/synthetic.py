@@ -118,11 +118,13 @@ def synthetic_case(index: int, graph_mode: str, policy: str, tokens: int, *, rng
 
 def synthetic_run(*, scenario_name: str = "synthetic", failing: bool = True, error: bool = True,
                   samples: int = 10, noise: float = 0.02, seed: int = 0,
-                  token_counts: tuple[int, ...] = (64, 256, 1024)) -> RunResults:
+                  token_counts: tuple[int, ...] = (64, 256, 1024),
+                  graph_modes: tuple[str, ...] = ("eager", "piecewise"),
+                  policies: tuple[str, ...] = ("bounded", "halo")) -> RunResults:
     rng = random.Random(seed)
     cases = []
-    for graph_mode in ("eager", "piecewise"):
-        for policy in ("bounded", "halo"):
+    for graph_mode in graph_modes:
+        for policy in policies:
             for tokens in token_counts:
                 fails_here = failing and graph_mode == "piecewise" and policy == "halo" and (
                     tokens == token_counts[-1])
