@@ -307,3 +307,56 @@ def test_resume_over_a_corrupt_shard_file_is_one_line(tmp_path, tiny_scenario, c
     proc = invoke.swa_bench("run", str(tiny_scenario), "--out", str(out), "--resume")
     assert_one_line_exit_2(proc, f"{shard}: ")
     assert shard.read_text() == content and sorted(p.name for p in out.iterdir()) == [".shards"]
+
+
+def test_report_refuses_a_symlink_out_of_the_run_folder(two_runs, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (two_runs[1] / "report.md").symlink_to(victim)
+    proc = invoke.swa_bench("report", str(two_runs[1]))
+    assert_one_line_exit_2(proc, "report.md", "outside its folder")
+    assert victim.read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_compare_refuses_a_symlinked_compare_md(two_runs, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (two_runs[1] / "compare.md").symlink_to(victim)
+    proc = invoke.swa_bench("compare", str(two_runs[0]), str(two_runs[1]))
+    assert_one_line_exit_2(proc, "compare.md", "outside its folder")
+    assert victim.read_text() == "keep me"
+
+
+def test_an_oversized_results_file_is_refused_unread(tmp_path, monkeypatch):
+    from swa_bench.results import files
+
+    big = tmp_path / "results.json"
+    big.write_text("{" + " " * 2048 + "}")
+    monkeypatch.setattr(files, "MAX_RESULTS_BYTES", 1024)
+    proc = invoke.swa_bench("compare", str(big), str(big))
+    assert_one_line_exit_2(proc, f"{big}: ", "larger than")
+
+
+@pytest.mark.parametrize("target", ["fifo", "results"])
+def test_the_step_summary_is_only_appended_to_a_regular_file(two_runs, tmp_path, target):
+    path = tmp_path / "fifo" if target == "fifo" else two_runs[1] / "results.json"
+    if target == "fifo":
+        os.mkfifo(path)
+    before = None if target == "fifo" else path.read_bytes()
+    proc = invoke.swa_bench("compare", str(two_runs[0]), str(two_runs[1]), "--out",
+                            str(tmp_path / "c.md"), env={"GITHUB_STEP_SUMMARY": str(path)})
+    assert proc.returncode == 0 and "GITHUB_STEP_SUMMARY" in proc.stderr, proc.stderr
+    assert before is None or path.read_bytes() == before
+
+
+def test_control_characters_from_results_are_written_out(tmp_path):
+    from swa_bench.report import render_html, render_markdown
+    from swa_bench.report.tables import printable
+    from tests.report.synthetic import synthetic_run
+
+    results = synthetic_run(failing=False, error=False)
+    results.scenario_name = "evil\x1b]0;pwned\x07\x1b[2J"
+    for text in (render_markdown(results), render_html(results)):
+        assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned" in text
+    assert printable("a\nb\tc\x9b\u202e") == "a\nb\tc\\x9b\\u202e"

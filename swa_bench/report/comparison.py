@@ -11,6 +11,7 @@ import math
 
 from swa_bench.compare import Comparison, ComparisonRow
 from swa_bench.report.markdown import md_cell, md_table
+from swa_bench.report.tables import printable
 
 _ORDER = {"regressed": 0, "incomparable": 1, "warning": 2, "missing": 3, "improved": 4, "new": 5,
           "unchanged": 6}
@@ -58,7 +59,7 @@ def comparison_markdown(comparison: Comparison, *, baseline: str, current: str) 
              _timing_cell(row, "reference"), _timing_cell(row, "replay"), "; ".join(row.reasons))
             for row in sorted_rows(comparison)]
     lines += [md_table(["case", "status", "reference ms", "replay ms", "reasons"], rows), ""]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def comparison_json(comparison: Comparison, *, baseline: str, current: str) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -38,6 +38,11 @@ _OUTCOME = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "error": "[bo
 UNSTABLE_ADVICE = ("raise timing.iters, stop other jobs on this machine, and compare these figures "
                    "with care")
 THREADS_ADVICE = "run with OMP_NUM_THREADS=1 (or timing.threads: 1), "
+
+
+def escape(text: str) -> str:
+    """Rich markup escaped and control characters written out (``tables.printable``)."""
+    return _markup_escape(tables.printable(text))
 
 
 def print_table(console: Console, table: Any) -> None:

@@ -25,7 +25,16 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_printable,
     )
+
+
+def _printable(value: object) -> object:
+    """Every text the template prints, control characters written out (``tables.printable``);
+    the vetted chart SVG (``Markup``) is left as it is."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return tables.printable(value)
+    return value
 
 
 def render_html(results: RunResults) -> str:

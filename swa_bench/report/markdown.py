@@ -106,4 +106,4 @@ def render_markdown(results: RunResults) -> str:
         out += [f"- {line}" for line in note] + ([""] if note else [])
 
     out += ["## Environment", "", md_table(["key", "value"], tables.environment_rows(results)), ""]
-    return "\n".join(out)
+    return tables.printable("\n".join(out))  # every line, not only the table cells

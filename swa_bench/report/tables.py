@@ -4,6 +4,7 @@ the same thing. Cells are plain text; escaping is the renderer's job."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +105,20 @@ def describe_check(check: CheckResult) -> str:
     return "; ".join(parts)
 
 
+# Control characters (C0 but newline and tab, DEL, C1) and the bidi overrides: from a tampered
+# results file they would drive the terminal (ESC sequences set the title, clear the screen) or
+# reorder what a reader sees, in the console, report.md and report.html alike.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``), newlines and
+    tabs kept: what a results file holds is shown, never obeyed."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def one_line(text: str | None) -> str:
-    return " ".join((text or "").split())
+    return " ".join(printable(text or "").split())
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ from swa_bench.results.schema import READABLE_VERSIONS, SCHEMA_VERSION, RunResul
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
+# A results file larger than this is refused unread: a 69 MB one took 24 s and 2.3 GB to parse,
+# where a 1000-case sweep (the expansion cap) writes about 10 MB.
+MAX_RESULTS_BYTES = 64 * 1024**2
 # What a run folder holds: `run --overwrite` deletes these, compare and export never replace them.
 RUN_OUTPUT_FILES = (RESULTS_JSON, RESULTS_CSV, "report.md", "report.html", "junit.xml",
                     "compare.md")
@@ -70,14 +73,15 @@ def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temp file beside `path`, and move it over `path` only once fully written and synced.
 
     Readers see the old file or the new one, never a torn one, and a failure leaves `path` as it was
-    and no temp file behind (os.replace is atomic within one directory). A symlink keeps pointing
-    at the file it names, and a stream (`is_stream`) is written directly: nothing to tear there."""
+    and no temp file behind (os.replace is atomic within one directory). A symlink to a file in
+    the same folder keeps pointing at it, one out of the folder is refused (`_contained`), and a
+    stream (`is_stream`) is written directly: nothing to tear there."""
     kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
     if is_stream(path):
         with open(path, mode, **kwargs) as handle:
             yield handle
         return
-    path = Path(os.path.realpath(path))
+    path = _contained(Path(path))
     _refuse_device(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -90,6 +94,17 @@ def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _contained(path: Path) -> Path:
+    """``path`` resolved, where a symlink stays inside the folder being written: one pointing
+    elsewhere (``ln -s ~/victim DIR/report.md``) would let whoever can write a run folder replace
+    any file the tool can, so it is refused (OSError, ELOOP) rather than followed."""
+    resolved = Path(os.path.realpath(path))
+    if path.is_symlink() and resolved.parent != Path(os.path.realpath(path.parent)):
+        raise OSError(errno.ELOOP, f"is a symlink to {resolved}, outside its folder; refusing "
+                      "to write through it", str(path))
+    return resolved
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
@@ -132,6 +147,10 @@ def load_results(path_or_run_dir: str | Path) -> RunResults:
     if path.exists() and not path.is_file():  # a FIFO blocks the read, /dev/zero never ends
         raise ResultsError(path, None, "is not a regular file (a device, pipe or socket)")
     try:
+        size = path.stat().st_size
+        if size > MAX_RESULTS_BYTES:
+            raise ResultsError(path, None, f"is {size / 1024**2:.0f} MiB, larger than the "
+                               f"{MAX_RESULTS_BYTES // 1024**2} MiB a results file may be")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ResultsError(path, None,
