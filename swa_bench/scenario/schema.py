@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge, Le, MinLen
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
@@ -54,7 +55,9 @@ from swa_bench.scenario.errors import Loc
 
 PositiveInt = Annotated[int, Ge(1)]
 NonNegativeInt = Annotated[int, Ge(0)]
-NonNegativeFloat = Annotated[float, Ge(0)]
+# Finite: an infinite tolerance or allowance would pass any difference (E1 then reported "inf of
+# the allowance"); NaN compares false with everything.
+NonNegativeFloat = Annotated[float, Ge(0), AllowInfNan(False)]
 Fraction = Annotated[float, Ge(0), Le(1)]
 # Names become folder names (reports/<name>-<UTC time>), which file systems cap at 255 bytes.
 ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
@@ -550,7 +553,8 @@ def _inner_model(annotation: Any) -> type[_Strict] | None:
 
 _TYPE_NAMES = {
     "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false",
     "string_type": "a string", "list_type": "a list", "dict_type": "a mapping",
     "model_type": "a mapping", "model_attributes_type": "a mapping", "none_required": "null",
 }

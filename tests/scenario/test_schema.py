@@ -135,6 +135,13 @@ def test_exponent_floats_without_a_dot_are_numbers():
     assert s.checks.e2.rtol == pytest.approx(2e-3)
 
 
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf"])
+def test_an_infinite_or_nan_tolerance_is_refused(value):
+    """An infinite allowance passes any difference: refused up front, the field named."""
+    with pytest.raises(ScenarioError, match="checks.e1.rtol: .*finite number"):
+        scenario_from_text(MINIMAL + f"checks: {{e1: {{rtol: {value}}}}}\n")
+
+
 def test_requests_are_explicit_repeated_then_generated_prefills_then_decodes():
     text = """
 name: order
