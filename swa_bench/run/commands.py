@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from swa_bench import tool_version
@@ -28,7 +29,7 @@ from swa_bench.results import ResultsError, RunResults, load_results, save_resul
 from swa_bench.run.cases import CaseRunner, resolve_device
 from swa_bench.run.folder import claim_for
 from swa_bench.run.progress import case_progress
-from swa_bench.run.shards import clear_shards, run_sharded, shard_results
+from swa_bench.run.shards import clear_shards, run_sharded, shard_results, worker_count
 from swa_bench.scenario import Case, Scenario, ScenarioError, load_cases
 
 
@@ -140,8 +141,9 @@ def run_one(
     if done:
         console.print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
     with case_progress(console, scenario.name, len(done) + len(todo), len(done)) as progress:
-        if gpus > 1 and len(todo) > 1:
-            progress.start(f"{gpus} workers")
+        workers = worker_count(gpus, len(todo), torch.cuda.device_count())
+        if workers > 1:
+            progress.start(f"{workers} workers")
             results.cases += run_sharded(
                 path, max_cases, todo, run_dir, gpus, timing=timing,
                 identity=(scenario.name, digest),

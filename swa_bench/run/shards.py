@@ -29,9 +29,17 @@ from swa_bench.run.folder import SHARD_DIR, Shard, clear_shards, shard_results
 from swa_bench.scenario import Case, load_cases
 
 
+def worker_count(requested: int, cases: int, devices: int) -> int:
+    """How many workers a ``--gpus`` sweep starts: never more than it has cases, nor (where GPUs
+    are visible) more than GPUs, since two workers on one GPU time each other's kernels. Decided
+    before any worker is started or dealt to: ``--gpus 1000000000`` costs nothing."""
+    cap = min(requested, cases)
+    return max(1, min(cap, devices) if devices else cap)
+
+
 def deal(cases: Sequence[Case], workers: int) -> list[list[Case]]:
-    """Round-robin: worker k gets cases k, k + workers, ... (empty shards dropped)."""
-    return [list(cases[k::workers]) for k in range(workers) if cases[k::workers]]
+    """Round-robin: worker k gets cases k, k + workers, ... (at most one worker a case)."""
+    return [list(cases[k::workers]) for k in range(min(workers, len(cases)))]
 
 
 def run_worker(
@@ -64,12 +72,12 @@ def run_sharded(
     """Runs ``todo`` on ``workers`` processes; the results of every case a worker finished. A
     worker that died leaves its unfinished cases as errors naming its exit code. ``identity`` is
     the scenario's (name, source hash) that every shard file must carry."""
-    shards = deal(todo, workers)
+    visible = torch.cuda.device_count()
+    shards = deal(todo, worker_count(workers, len(todo), visible))
     (run_dir / SHARD_DIR).mkdir(exist_ok=True)
     clear_shards(run_dir)
     context = multiprocessing.get_context("spawn")
     processes = []
-    visible = torch.cuda.device_count()
     for k, shard in enumerate(shards):
         shard_file = run_dir / SHARD_DIR / f"shard-{k}.json"
         args = (str(scenario_path), max_cases, [c.case_id for c in shard], str(shard_file), timing)

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from swa_bench.results import load_results
 from swa_bench.run.commands import run_scenarios
-from swa_bench.run.shards import SHARD_DIR, deal, run_worker
+from swa_bench.run.shards import SHARD_DIR, deal, run_worker, worker_count
 from swa_bench.scenario import load_cases
 
 SCENARIO = """\
@@ -29,6 +29,14 @@ timing: {enabled: false}
 def test_deal_is_round_robin():
     assert deal(list("abcde"), 2) == [["a", "c", "e"], ["b", "d"]]
     assert deal(list("ab"), 4) == [["a"], ["b"]]
+    assert deal(list("ab"), 10**9) == [["a"], ["b"]]  # no loop over a billion workers
+
+
+def test_workers_are_capped_by_cases_and_gpus():
+    assert worker_count(10**9, 8, 0) == 8  # CPU: processes share the cores, one a case at most
+    assert worker_count(10**9, 8, 2) == 2  # never two workers timing on one GPU
+    assert worker_count(4, 3, 8) == 3
+    assert worker_count(2, 0, 0) == 1
 
 
 def test_two_workers_resume_a_cut_sweep(tmp_path: Path):
