@@ -6,15 +6,20 @@ gets long and short cases alike. A worker sees one GPU (``CUDA_VISIBLE_DEVICES``
 a CPU machine the N workers share the cores), runs its cases with a ``CaseRunner`` of its own and
 rewrites ``.shards/shard-K.json`` atomically after every case. The parent folds the shard files
 into results.json when the workers end, and again at the start of a ``--resume``, so a killed
-sweep keeps every case any worker finished. Cases are independent: no process group is needed.
+sweep keeps every case any worker finished. Cases are independent: no process group is needed,
+but a worker dies with its parent (``die_with_parent``), so a killed sweep leaves no orphan
+writing into a folder nobody holds.
 The shard files themselves (their format and who may merge them) belong to the run folder
 (``folder.shard_results``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,10 +47,27 @@ def deal(cases: Sequence[Case], workers: int) -> list[list[Case]]:
     return [list(cases[k::workers]) for k in range(min(workers, len(cases)))]
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when ``parent`` dies (Linux ``PR_SET_PDEATHSIG``); if it already
+    died (this process's parent is no longer ``parent``), exit now. Elsewhere nothing: the
+    parent's own exit path still terminates its workers."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def run_worker(
-    scenario_path: str, max_cases: int | None, case_ids: list[str], shard_file: str, timing: bool
+    scenario_path: str, max_cases: int | None, case_ids: list[str], shard_file: str, timing: bool,
+    parent: int | None = None,
 ) -> None:
-    """One worker: its cases, saved after each (runs in a spawned process)."""
+    """One worker: its cases, saved after each (runs in a spawned process, ``parent`` the
+    sweep's pid: the worker dies with it)."""
+    if parent is not None:
+        die_with_parent(parent)
     scenario, cases = load_cases(Path(scenario_path), max_cases=max_cases)
     runner = CaseRunner(scenario)
     shard = Shard(scenario_name=scenario.name, scenario_hash=scenario_hash(scenario.source_text),
@@ -80,7 +102,8 @@ def run_sharded(
     processes = []
     for k, shard in enumerate(shards):
         shard_file = run_dir / SHARD_DIR / f"shard-{k}.json"
-        args = (str(scenario_path), max_cases, [c.case_id for c in shard], str(shard_file), timing)
+        args = (str(scenario_path), max_cases, [c.case_id for c in shard], str(shard_file), timing,
+                os.getpid())
         process = context.Process(target=run_worker, args=args, name=f"swa-bench-shard-{k}")
         previous = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible:

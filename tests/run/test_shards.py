@@ -88,3 +88,65 @@ def test_resume_saves_the_shards_cases_before_a_new_sweep_clears_them(tmp_path, 
         run_scenarios([path], out=run_dir, resume=True, timing=False, gpus=2,
                       console=Console(quiet=True))
     assert [c.case_id for c in load_results(run_dir).cases] == [cases[0].case_id]
+
+
+def _children(pid: int) -> list[int]:
+    """Live spawned workers (``spawn_main``) whose parent is ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_workers_die_with_a_killed_parent(tmp_path: Path):
+    """SIGKILL of a ``--gpus 2`` sweep's parent: no worker lives on (writing shards into a folder
+    nobody holds) 5 s later."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pytest
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc (Linux)")
+    path = tmp_path / "slow.yaml"
+    path.write_text(SCENARIO.replace("timing: {enabled: false}",
+                                     "timing: {enabled: true, warmup: 2, iters: 400}"))
+    parent = subprocess.Popen([sys.executable, "-m", "swa_bench", "run", str(path), "--gpus", "2",
+                               "--out", str(tmp_path / "run")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+            workers = _children(parent.pid)
+        assert len(workers) == 2, "the sweep never started its two workers"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [w for w in workers if _alive(w)], "workers outlived their parent"
+    finally:
+        for w in _children(parent.pid):
+            os.kill(w, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
