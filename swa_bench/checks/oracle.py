@@ -65,11 +65,17 @@ def kept_len(
     if policy == "halo":
         return min(q, halo_rows(window, decoder_layers, halo_align))
     if policy == "final_window":
-        ends_prompt = r.cached_len + q >= r.prompt_len
-        return min(q, window) if ends_prompt else 0
+        # TensorRT-LLM: the chunk's overlap with the final prompt window [end - W, end)
+        first_in_window = max(r.prompt_len - window, r.cached_len)
+        return len(range(first_in_window, r.cached_len + q))
     if policy == "tail":
         return min(q, window + TAIL_EXTRA)
     raise ValueError(f"the oracle knows no policy {policy!r}")
+
+
+def final_window_floor(r: RequestSpec, window: int) -> int:
+    """TensorRT-LLM: chunks in the final prompt window read decoder KV from ``end - W``."""
+    return max(0, r.prompt_len - window)
 
 
 def halo_exact_rows(layer: int, kept_lens: Sequence[int], args: ModelArgs) -> list[int]:

@@ -36,8 +36,10 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
     * ``full``: every row;
     * ``bounded`` (vLLM #56752/#58132): the last min(q, W); every prefill chunk keeps its own;
     * ``halo``: the last min(q, H);
-    * ``final_window`` (TensorRT-LLM): a chunk that does not end its prompt keeps no row (its
-      decoder rings are not written this step); the chunk that ends it keeps its last min(q, W);
+    * ``final_window`` (TensorRT-LLM ``decoder_replay.plan_decoder_replay``): a chunk keeps its
+      intersection with the final prompt window ``[end - W, end)``, ``end`` = prompt length, so a
+      chunk wholly before it keeps none and, when the last chunk is shorter than W, the chunk
+      before it keeps its rows inside the window (see ``final_window_floor``);
     * ``tail`` (ROCm ATOM): the last min(q, W + TAIL_SPECULATIVE_TOKENS).
 
     Under every policy decode rows are kept, and a request asking for prompt logprobs keeps all.
@@ -50,7 +52,7 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
     if policy == "halo":
         return min(q, halo)
     if policy == "final_window":
-        return min(q, window) if request.seq_len >= request.prompt_len else 0
+        return max(0, request.seq_len - max(request.cached_len, request.prompt_len - window))
     if policy == "tail":
         return min(q, window + TAIL_SPECULATIVE_TOKENS)
     raise ValueError(f"unknown policy {policy!r}")
@@ -84,3 +86,10 @@ def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int
     if kept >= query_len:
         return replay_start
     return max(replay_start, seq_len - kept)
+
+
+def final_window_floor(request: RequestSpec, window: int) -> int:
+    """TensorRT-LLM's one floor ``end - W``: every chunk inside the final prompt window reads
+    decoder window KV from there, even one that keeps all its rows (earlier KV inside it is valid).
+    """
+    return max(0, request.prompt_len - window)

@@ -48,8 +48,9 @@ def test_kept_rows_are_each_requests_last_rows(batch, window, depth, policy):
         if policy == "full" or r.decode or r.prompt_logprobs:
             keep = q
         elif policy == "final_window":
-            ends_prompt = r.cached_len + q == r.prompt_len
-            keep = min(q, window) if ends_prompt else 0
+            # TensorRT-LLM: positions of the chunk inside [prompt_len - W, prompt_len)
+            keep = sum(1 for p in range(r.cached_len, r.cached_len + q)
+                       if p >= r.prompt_len - window)
         elif policy == "tail":
             keep = min(q, window + 5)
         else:
