@@ -10,6 +10,7 @@
 #   bash scripts/v41_flash_gpu.sh 16k      # the 16K cases only (if 'all' runs past the limit)
 #   bash scripts/v41_flash_gpu.sh 64k
 #   bash scripts/v41_flash_gpu.sh eager    # 16K and 64K, eager only
+#   bash scripts/v41_flash_gpu.sh piecewise  # 16K and 64K, PIECEWISE only (replay graphs on)
 # Logs, run folders and the table go under $OUT.
 set -uo pipefail
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -38,6 +39,8 @@ case "${1:-all}" in
        run_case "piecewise/bounded/T=65536/" piecewise-64k 240 ;;
   eager) run_case "eager/bounded/T=16384/" eager-16k 200
          run_case "eager/bounded/T=65536/" eager-64k 300 ;;
+  piecewise) run_case "piecewise/bounded/T=16384/" piecewise-16k 200
+             run_case "piecewise/bounded/T=65536/" piecewise-64k 300 ;;
   all) run_case "eager/bounded/T=16384/" eager-16k 90
        run_case "piecewise/bounded/T=16384/" piecewise-16k 70
        run_case "eager/bounded/T=65536/" eager-64k 150

@@ -50,7 +50,7 @@ class FlopCache:
 
     def count(self, engine: Engine, inputs: StepInputs, plan: StepPlan) -> int:
         key = (id(engine.model), inputs, plan.shape_mode, plan.graph_size, plan.replays,
-               plan.kept_lens, engine.kernels)
+               plan.kept_lens, plan.replay_graph_size, engine.kernels)
         if key not in self.counts:
             self.counts[key] = count_flops(
                 lambda: engine.eager_equivalent(

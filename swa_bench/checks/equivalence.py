@@ -96,12 +96,16 @@ def structure(prefix: str, out: StepOutput, exp: oracle.Expected) -> list[Diagno
         _differs(f"{prefix}route.replays", out.plan.replays, exp.replays),
         _differs(f"{prefix}route.shape_mode", out.plan.shape_mode, exp.shape_mode),
         _differs(f"{prefix}route.replay_batch_built", out.replay_batch is not None, exp.replays),
+        _differs(f"{prefix}route.replay_graph_size", out.plan.replay_graph_size,
+                 exp.replay_graph_size),
     ]
     want_lens = exp.kept_lens if exp.replays else tuple(r.query_len for r in out.step.requests)
     diags.append(_differs(f"{prefix}plan.kept_lens", tuple(out.plan.kept_lens), want_lens))
     if out.replay_batch is not None and exp.replays:
         rb = out.replay_batch
         diags.append(_differs(f"{prefix}replay_batch.rows", tuple(rb.rows.tolist()), exp.rows))
+        diags.append(_differs(f"{prefix}replay_batch.padded_rows", rb.graph_size,
+                              exp.replay_graph_size))
         n = len(exp.kept_starts)
         starts = rb.forward_context.attn_metadata.window_start[:n].tolist()
         diags.append(_differs(f"{prefix}replay_batch.kept_starts", tuple(starts), exp.kept_starts))
@@ -389,7 +393,8 @@ def check_e3(
 ) -> CheckResult:
     """Graph replay == eager at the same padded shape, bitwise: every padded size the workload
     uses is replayed over two row sets (the step, then its requests in reverse order), then
-    decode steps, without re-capture."""
+    decode steps, without re-capture; a replay batch in its replay graph against the same
+    padded replay batch run eagerly."""
     if config.graph_mode == "eager":
         return CheckResult(id="E3", name="graph replay == eager", passed=True, mode="info",
                            message="eager case: no graph to compare (nothing compared)")
@@ -415,14 +420,17 @@ def check_e3(
             tokens = [(t[0] * 7 + 3) % model.args.vocab_size for t in toks]
         for n, (requests, toks, indices) in enumerate(runs):
             out = graph.step(requests, toks, indices)
-            sizes.append(out.plan.graph_size)
+            size = "eager" if out.plan.graph_size is None else str(out.plan.graph_size)
+            if out.plan.replay_graph_size is not None:
+                size += f" (replay graph {out.plan.replay_graph_size})"
+            sizes.append(size)
             ref = graph.eager_equivalent(requests, toks, indices, on=eager)
             diags.append(compare(f"step{n}.logits", out.logits, ref.logits, None))
             diags += [compare(f"step{n}.{name}", a, b, None)
                       for (name, a), (_, b) in zip(_row_outputs(out), _row_outputs(ref),
                                                    strict=True)]
             diags += _caches(f"step{n}.cache.", graph, eager, None)
-    note = "padded sizes " + ", ".join("eager" if s is None else str(s) for s in sizes)
+    note = "padded sizes " + ", ".join(sizes)
     return check_result("E3", f"{config.graph_mode} replay == eager", diags, None, note)
 
 

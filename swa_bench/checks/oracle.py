@@ -139,6 +139,9 @@ class Expected:
     kept_starts: tuple[int, ...]
     num_tokens: int
     reason: str
+    # The replay batch runs in the replay graph of this many rows: the kept rows, then copies of
+    # batch row 0 under the dummy request (None: unpadded, eager).
+    replay_graph_size: int | None = None
 
     @property
     def trims(self) -> bool:
@@ -167,8 +170,10 @@ def expect_step(
     trim_threshold: int | None = None,
     eager_trim_threshold: int = 0,
     halo_align: int = 1,
+    replay_capture_sizes: Sequence[int] = (),
 ) -> Expected:
-    """The step as SPEC sections 2 and 4 describe it."""
+    """The step as SPEC sections 2 and 4 describe it; a replay batch in PIECEWISE mode pads to
+    the smallest replay capture size holding its rows (issue 34), none above the largest."""
     query = [r.query_len for r in requests]
     tokens = sum(query)
     kept = [kept_len(r, policy, window, decoder_layers, halo_align) for r in requests]
@@ -196,7 +201,11 @@ def expect_step(
         if replays:
             rows += list(range(start + q - k, start + q))
         start += q
+    replay_size = None
+    if replays and graph_mode == "piecewise":
+        replay_size = smallest_capture_size(len(rows), replay_capture_sizes)
     return Expected(
+        replay_graph_size=replay_size,
         graph_size=size,
         replays=replays,
         shape_mode="static" if size is not None and graph_mode == "full" else "varlen",
@@ -223,6 +232,7 @@ def expect_for(engine: Engine, requests: Sequence[RequestSpec]) -> Expected:
         trim_threshold=c.trim_threshold,
         eager_trim_threshold=c.eager_trim_threshold,
         halo_align=c.halo_align,
+        replay_capture_sizes=c.replay_capture_sizes,
     )
 
 
@@ -248,17 +258,22 @@ def kept_row_context(
     """The context the rest of S and the decoder run under on the kept rows: decoder layers see
     the kept rows as their keys, window starts at the kept starts; layer S's queries are the kept
     rows but its keys are every batch row (it wrote KV for all), window starts at the batch's.
-    On ``kernels``, the engine's, as its replay batch runs."""
+    On ``kernels``, the engine's, as its replay batch runs. Padded to a replay graph's size, the
+    rows after the kept ones belong to the dummy request and the per-request arrays cover every
+    request slot (a graph's static metadata has one shape)."""
     kept = _kept_layouts(step, exp)
-    n = len(exp.rows)
+    n = len(exp.rows) if exp.replay_graph_size is None else exp.replay_graph_size
+    slots = None if exp.replay_graph_size is None else args.max_requests + 1
     device = step.input_ids.device
-    decoder = make_metadata(kept, num_q_rows=n, num_kv_rows=n, args=args, device=device)
+    decoder = make_metadata(kept, num_q_rows=n, num_kv_rows=n, args=args, device=device,
+                            num_request_slots=slots)
     first = [
         replace(b, q_start=k.q_start, q_len=k.q_len, q_first_pos=k.q_first_pos)
         for b, k in zip(step.metadata.layouts, kept, strict=True)
     ]
     s_meta = make_metadata(
-        first, num_q_rows=n, num_kv_rows=step.num_padded, args=args, device=device
+        first, num_q_rows=n, num_kv_rows=step.num_padded, args=args, device=device,
+        num_request_slots=slots,
     )
     return ForwardContext(
         attn_metadata=decoder,
@@ -284,17 +299,24 @@ class KeptRows:
     rows: torch.Tensor
     context: ForwardContext
     hc: int
+    padded_to: int | None = None  # a replay graph's size: rows after the kept ones read row 0
 
     def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor):
         given = ReplayInputs.of(self.hc, inputs)
         if given.pre_mix.shape != (kv_s.shape[0], self.hc) or given.pre_mix.dtype != torch.float32:
             raise ValueError(f"the pre-mix is fp32 [rows, {self.hc}], got "
                              f"{given.pre_mix.dtype} {tuple(given.pre_mix.shape)}")
-        picked = ReplayInputs(tuple(s.index_select(0, self.rows) for s in given.streams),
-                              given.pre_mix.index_select(0, self.rows),
-                              tuple(p.index_select(0, self.rows) for p in given.publications))
+        rows = self.rows
+        if self.padded_to is not None:
+            rows = torch.cat([rows, rows.new_zeros(self.padded_to - rows.shape[0])])
+        picked = ReplayInputs(tuple(s.index_select(0, rows) for s in given.streams),
+                              given.pre_mix.index_select(0, rows),
+                              tuple(p.index_select(0, rows) for p in given.publications))
         with set_forward_context(self.context):
             final = ReplayOutputs.of(self.hc, run_layers(kv_s, *picked.tensors()))
+        n = self.rows.shape[0]
+        final = ReplayOutputs(tuple(s[:n] for s in final.streams), final.pre_mix[:n],
+                              None if final.aux_hidden is None else final.aux_hidden[:n])
         aux = final.aux_hidden
         spread = ReplayOutputs(tuple(self._scatter(kv_s, s) for s in final.streams),
                                self._scatter(kv_s, final.pre_mix),
@@ -336,7 +358,7 @@ def oracle_forward(
         rows = torch.tensor(expected.rows, dtype=torch.long, device=step.input_ids.device)
         kept_ctx = kept_row_context(step, expected, engine.args, engine.cache, engine.kernels)
         kept_ctx.index_queries = {}
-        kept = KeptRows(rows, kept_ctx, engine.args.hc_mult)
+        kept = KeptRows(rows, kept_ctx, engine.args.hc_mult, expected.replay_graph_size)
     ctx = ForwardContext(
         attn_metadata=step.metadata,
         logits_indices=step.logits_indices,

@@ -16,7 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from swa_bench.graphs.capture_sizes import capture_sizes_problem, default_capture_sizes
+from swa_bench.graphs.capture_sizes import (
+    capture_sizes_problem,
+    default_capture_sizes,
+    replay_capture_sizes,
+)
 from swa_bench.kernels.config import Kernels, KernelSettings
 from swa_bench.model.args import ModelArgs
 from swa_bench.replay.row_selection import Policy
@@ -59,6 +63,22 @@ DEFAULT_MAX_CAPTURE_SIZE = 512  # vLLM's
 DEFAULT_HALO_ALIGN = 1  # the halo unrounded
 
 
+DEFAULT_REPLAY_GRAPHS = True  # PIECEWISE replay batches run in graphs of their own (vLLM's)
+
+
+def default_replay_capture_sizes(
+    args: ModelArgs, capture_sizes: Sequence[int], sizes: Sequence[int] | None = None
+) -> list[int]:
+    """vLLM's replay capture sizes for ``args``'s model beside model graphs of ``capture_sizes``:
+    bounded by the largest model capture size and by ``max_requests`` x W; a step never holds
+    more rows than the caches (``max_requests`` x ``max_seq_len``, the max_num_batched_tokens
+    bound). ``sizes`` given: checked against that bound only."""
+    return replay_capture_sizes(
+        args.window, max_capture_size=max(capture_sizes), max_num_seqs=args.max_requests,
+        max_num_batched_tokens=args.max_requests * args.max_seq_len, sizes=sizes,
+    )
+
+
 def trim_threshold_problem(threshold: int, window: int) -> str | None:
     """The rule on ``trim_threshold``: nothing trims at or below W, so a threshold there would
     send steps to a replay batch that keeps every row."""
@@ -78,8 +98,10 @@ class EngineConfig:
     replay batch. ``eager_trim_threshold``: eager steps below this many tokens never replay.
     ``capture_sizes`` are the padded sizes graphs are captured at. ``halo_align`` rounds the halo
     up (vLLM #57281 uses 512: 2414 -> 2560). ``kernels``: which kernels run (the engine resolves
-    it for its device). Complete by construction (``for_model``); an invalid value raises here,
-    and ``check`` holds the rules that need the model's window."""
+    it for its device). ``replay_capture_sizes``: the padded sizes a replay batch runs in a graph
+    of its own at (PIECEWISE only; empty: replay batches run eagerly). Complete by construction
+    (``for_model``); an invalid value raises here, and ``check`` holds the rules that need the
+    model's window."""
 
     policy: Policy
     graph_mode: GraphMode
@@ -88,6 +110,7 @@ class EngineConfig:
     capture_sizes: tuple[int, ...]
     halo_align: int
     kernels: KernelSettings
+    replay_capture_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in get_args(Policy):
@@ -104,6 +127,15 @@ class EngineConfig:
             raise ValueError(f"halo_align: must be >= 1, got {self.halo_align}")
         if not isinstance(self.kernels, KernelSettings):
             raise ValueError(f"kernels: must be KernelSettings, got {self.kernels!r}")
+        if not isinstance(self.replay_capture_sizes, tuple):
+            raise ValueError(f"replay_capture_sizes: must be a tuple, got "
+                             f"{self.replay_capture_sizes!r}")
+        if self.replay_capture_sizes:
+            if self.graph_mode != "piecewise":
+                raise ValueError("replay_capture_sizes: replay graphs run in PIECEWISE mode only, "
+                                 f"not {self.graph_mode}")
+            if problem := capture_sizes_problem(self.replay_capture_sizes):
+                raise ValueError(f"replay_capture_sizes: {problem}")
 
     @classmethod
     def for_model(
@@ -118,19 +150,27 @@ class EngineConfig:
         max_capture_size: int = DEFAULT_MAX_CAPTURE_SIZE,
         halo_align: int = DEFAULT_HALO_ALIGN,
         kernels: KernelSettings | None = None,
+        replay_graphs: bool = DEFAULT_REPLAY_GRAPHS,
+        replay_capture_sizes: Sequence[int] | None = None,
     ) -> EngineConfig:
         """The complete configuration for ``args``'s model: the only place the defaults live.
         ``trim_threshold`` None: W + 1; ``capture_sizes`` None: vLLM's up to
-        ``max_capture_size`` (which plays no other part); ``kernels`` None: the environment's."""
+        ``max_capture_size``; ``kernels`` None: the environment's. Replay graphs (PIECEWISE,
+        ``replay_graphs``): ``replay_capture_sizes`` None takes vLLM's rule
+        (``default_replay_capture_sizes``)."""
         if capture_sizes is None:
             capture_sizes = default_capture_sizes(max_capture_size)
         if trim_threshold is None:
             trim_threshold = default_trim_threshold(args.window)
         if kernels is None:
             kernels = kernel_settings_from_environment()
+        replay_sizes: Sequence[int] = ()
+        if graph_mode == "piecewise" and replay_graphs:
+            replay_sizes = default_replay_capture_sizes(args, capture_sizes, replay_capture_sizes)
         return cls(policy=policy, graph_mode=graph_mode, trim_threshold=trim_threshold,
                    eager_trim_threshold=eager_trim_threshold, capture_sizes=tuple(capture_sizes),
-                   halo_align=halo_align, kernels=kernels).check(args.window)
+                   halo_align=halo_align, kernels=kernels,
+                   replay_capture_sizes=tuple(replay_sizes)).check(args.window)
 
     def check(self, window: int) -> EngineConfig:
         """``self``, once the rules that need the model's window hold (raises otherwise)."""
@@ -143,4 +183,5 @@ class EngineConfig:
         at their defaults (they play no part when nothing replays), so one reference serves
         every policy and threshold of a mode."""
         return EngineConfig.for_model(args, policy="full", graph_mode=self.graph_mode,
-                                      capture_sizes=self.capture_sizes, kernels=self.kernels)
+                                      capture_sizes=self.capture_sizes, kernels=self.kernels,
+                                      replay_graphs=False)

@@ -44,6 +44,8 @@ class StepPlan:
     num_tokens: int
     reason: str
     agreed: AgreedRoute | None = None  # the DP agreement this plan follows (None: one rank alone)
+    # The replay capture size the replay batch pads to and runs in a graph of (None: eager).
+    replay_graph_size: int | None = None
 
     @property
     def num_kept(self) -> int:
@@ -93,9 +95,13 @@ def plan_step(
     """Plans ``requests`` as one step under a resolved ``config``.
 
     ``capture_size`` plans a graph's dummy batch at capture: a graph's route is fixed by its
-    padded size, so capture and every later replay of that size agree. ``agreed`` is the DP
-    ranks' agreement on this step (from each rank's own plan): it fixes the route and the padded
-    size; a rank with nothing to trim then runs the replay batch with every row kept.
+    padded size, so capture and every later replay of that size agree (its dummy replay batch
+    runs eagerly inside the capture: captures do not nest). ``agreed`` is the DP ranks'
+    agreement on this step (from each rank's own plan): it fixes the route and the padded
+    size; a rank with nothing to trim then runs the replay batch with every row kept, eagerly
+    (each rank's kept rows differ, so no replay graph size is agreed). A step that replays in
+    PIECEWISE mode runs its replay batch in the replay graph of the smallest replay capture size
+    holding its kept rows, eagerly above the largest.
     """
     query = tuple(r.query_len for r in requests)
     num_tokens = sum(query)
@@ -128,6 +134,13 @@ def plan_step(
         replays, reason = False, "no request loses a row"
     else:
         replays, reason = True, "eager step: some request loses rows"
+    replay_size = None
+    if replays and capture_size is None and config.replay_capture_sizes:
+        replay_size = padded_size(sum(lens), config.replay_capture_sizes)
+        reason += (f"; replay graph of {replay_size} for {sum(lens)} kept rows"
+                   if replay_size is not None else
+                   f"; {sum(lens)} kept rows above the largest replay graph "
+                   f"{config.replay_capture_sizes[-1]}: eager")
     return StepPlan(
         graph_size=size,
         shape_mode=shape_mode_for(size, config),
@@ -135,4 +148,5 @@ def plan_step(
         kept_lens=lens if replays else query,
         num_tokens=num_tokens,
         reason=reason,
+        replay_graph_size=replay_size,
     )

@@ -23,6 +23,7 @@ import torch
 from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan, plan_step, policy_kept_lens
 from swa_bench.graphs.capture import CapturedGraphs
+from swa_bench.graphs.replay_graphs import ReplayGraphs
 from swa_bench.kernels.config import Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.batch import AttentionMetadata, StepBatch, build_step
@@ -98,6 +99,14 @@ class Engine:
                 model, self.config.graph_mode, self.config.capture_sizes, self.logit_slots,
                 self.cache,
             )
+        # Replay batches' graphs (PIECEWISE), in the model graphs' memory pool; captured at the
+        # first step that runs one.
+        self.replay_graphs: ReplayGraphs | None = None
+        if self.config.replay_capture_sizes:
+            self.replay_graphs = ReplayGraphs(
+                self.args, self.config.replay_capture_sizes, self.cache, self.kernels,
+                self.device, self.graphs.pool,
+            )
 
     def plan(
         self, requests: Sequence[RequestSpec], *, capture_size: int | None = None
@@ -135,15 +144,19 @@ class Engine:
         )
 
     def forward_context(
-        self, step: StepBatch, plan: StepPlan, cache: KVCache, timer: RegionTimer | None = None
+        self, step: StepBatch, plan: StepPlan, cache: KVCache, timer: RegionTimer | None = None,
+        *, eager: bool = False,
     ) -> ForwardContext:
-        """The context ``plan`` calls for on ``cache``: its replay batch (or none) and its
-        shape mode. ``cache`` is this engine's but for ``eager_equivalent(on=)``."""
+        """The context ``plan`` calls for on ``cache``: its replay batch (or none, padded to the
+        plan's replay graph size, running in that graph unless ``eager``) and its shape mode.
+        ``cache`` is this engine's but for ``eager_equivalent(on=)``, which runs eagerly."""
         replay_batch = None
         if plan.replays:
             with region(timer, "prepare"):
                 replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache,
-                                                  self.kernels)
+                                                  self.kernels, pad_to=plan.replay_graph_size)
+            if plan.replay_graph_size is not None and not eager:
+                replay_batch.run_graph = self.replay_graphs.run
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,
@@ -184,13 +197,14 @@ class Engine:
         *,
         on: Engine | None = None,
     ) -> StepOutput:
-        """What ``step`` computes, run eagerly: the same plan, padded shape and attention kernel,
-        on ``on``'s cache (default this engine's). E3 compares graph replays with it; FLOPs are
-        counted on it (a graph replay hides its kernels)."""
+        """What ``step`` computes, run eagerly: the same plan, padded shapes (the step's and its
+        replay batch's) and attention kernel, on ``on``'s cache (default this engine's). E3
+        compares graph replays with it; FLOPs are counted on it (a graph replay hides its
+        kernels)."""
         target = on or self
         plan = self.plan(requests)
         step = target.prepare(requests, tokens, cache_indices, pad_to=plan.graph_size)
-        ctx = self.forward_context(step, plan, target.cache)
+        ctx = self.forward_context(step, plan, target.cache, eager=True)
         logits, streams, pre_mix, aux = run_forward(target.model, step, ctx)
         return StepOutput.unpadded(logits, streams, pre_mix, aux, step, plan, ctx.replay_batch)
 

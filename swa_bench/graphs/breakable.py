@@ -69,20 +69,45 @@ class BreakBuffers:
         return tuple(views)
 
 
+Bindings = dict[int, torch.Tensor]  # id of a tensor given at capture -> the one to use instead
+
+
+def _bound(args: tuple, bindings: Bindings | None) -> tuple:
+    if not bindings:
+        return args
+    return tuple(bindings.get(id(a), a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
 class _Break:
     def __init__(self, fn: Callable, args: tuple, outputs: tuple[torch.Tensor, ...]) -> None:
         self.fn, self.args, self.outputs = fn, args, outputs
 
-    def replay(self) -> None:
-        for buf, out in zip(self.outputs, _as_tuple(self.fn(*self.args)), strict=True):
-            buf.copy_(out)
+    def replay(self, bindings: Bindings | None = None) -> None:
+        out = _as_tuple(self.fn(*_bound(self.args, bindings)))
+        for buf, fresh in zip(self.outputs, out, strict=True):
+            buf.copy_(fresh)
+
+
+class _HostEffect:
+    """A ``host_effect`` call met inside a segment: redone after that segment at each replay."""
+
+    def __init__(self, fn: Callable, args: tuple) -> None:
+        self.fn, self.args = fn, args
+
+    def replay(self, bindings: Bindings | None = None) -> None:
+        self.fn(*_bound(self.args, bindings))
 
 
 class SegmentedCapture:
     """One padded size's graph: its pieces (segments and breaks) in the order the forward met them.
 
     While it records it is the model's break handler (``model.graph_breaks``): a marked call ends
-    the open segment, runs eagerly, and the next segment begins (FULL captures run it inline).
+    the open segment, runs eagerly, and the next segment begins (FULL captures run it inline); a
+    host effect runs and is replayed after the segment it was met in.
+
+    ``run(bindings)`` hands a break the tensor bound to one of its capture-time arguments instead
+    of that argument: an input the segments never read but a break does (the replay graph's batch
+    KV, whose row count is the step's, not the graph's) needs no static buffer.
     """
 
     def __init__(
@@ -91,21 +116,22 @@ class SegmentedCapture:
         self.new_segment = new_segment
         self.buffers = buffers
         self.breaks = breaks
-        self.pieces: list[Segment | _Break] = []
+        self.pieces: list[Segment | _Break | _HostEffect] = []
         self.outputs: Any = None
         self._open: Segment | None = None
+        self._effects: list[_HostEffect] = []  # met in the open segment
         self.in_break = False  # breaks met while a break runs eagerly run inline
 
     @property
     def num_segments(self) -> int:
-        return sum(not isinstance(s, _Break) for s in self.pieces)
+        return sum(not isinstance(s, (_Break, _HostEffect)) for s in self.pieces)
 
     @property
     def num_breaks(self) -> int:
         return sum(isinstance(s, _Break) for s in self.pieces)
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        with break_handler(self._on_break):
+        with break_handler(self):
             try:
                 self._begin()
                 self.outputs = fn()
@@ -120,16 +146,25 @@ class SegmentedCapture:
                 raise
         return self.outputs
 
-    def run(self) -> Any:
+    def run(self, bindings: Bindings | None = None) -> Any:
         """Replays the recorded pieces in order; returns the forward's (static) outputs."""
         for piece in self.pieces:
-            piece.replay()
+            if isinstance(piece, (_Break, _HostEffect)):
+                piece.replay(bindings)
+            else:
+                piece.replay()
         return self.outputs
 
-    def _on_break(self, site: str, fn: Callable, args: tuple) -> Any:
+    def on_break(self, site: str, fn: Callable, args: tuple) -> Any:
         if not self.breaks or self.in_break:
             return fn(*args)
         return self._break_out(site, fn, args)
+
+    def on_host_effect(self, site: str, fn: Callable, args: tuple) -> Any:
+        result = fn(*args)
+        if not self.in_break:  # inside a break it reruns with the break
+            self._effects.append(_HostEffect(fn, args))
+        return result
 
     def _break_out(self, site: str, fn: Callable, args: tuple) -> Any:
         self._end()
@@ -153,6 +188,8 @@ class SegmentedCapture:
         segment, self._open = self._open, None
         segment.end()
         self.pieces.append(segment)
+        self.pieces += self._effects
+        self._effects = []
 
 
 def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:

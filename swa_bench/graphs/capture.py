@@ -42,6 +42,22 @@ class CaptureStats:
     breaks: int = 0
 
 
+def record(capture: SegmentedCapture, fn: Callable[[], object], device: torch.device) -> None:
+    """``fn`` run once eagerly (the warm-up), then recorded into ``capture``: on a side stream
+    on a GPU, as CUDA graph capture requires, synchronised on both sides."""
+    fn()
+    if device.type != "cuda":
+        capture.capture(fn)
+        return
+    torch.cuda.synchronize(device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        capture.capture(fn)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+
+
 class CapturedGraphs:
     """The graphs of one model, one mode and one cache: a segmented capture and a static batch per
     size."""
@@ -101,17 +117,7 @@ class CapturedGraphs:
             breaks=self.mode == "piecewise",
         )
         with set_forward_context(self._bound(context_for(static, size))):
-            self.model(static.input_ids)  # warm-up
-            if self.on_cuda:
-                torch.cuda.synchronize(self.device)
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    capture.capture(lambda: self.model(static.input_ids))
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                torch.cuda.synchronize(self.device)
-            else:
-                capture.capture(lambda: self.model(static.input_ids))
+            record(capture, lambda: self.model(static.input_ids), self.device)
         self.graphs[size] = capture
         self.static_steps[size] = static
 

@@ -34,7 +34,7 @@ from swa_bench.model.cache import KVCache
 from swa_bench.model.dspark import DSpark, aux_hidden
 from swa_bench.model.engram import Engram, engram_input, step_hash_ids
 from swa_bench.model.forward_context import get_forward_context
-from swa_bench.model.graph_breaks import eager_break
+from swa_bench.model.graph_breaks import eager_break, host_effect
 from swa_bench.model.hyper_connection import (
     HyperConnection,
     Mixes,
@@ -252,8 +252,10 @@ class Transformer(nn.Module):
         self.dspark.seed_rings(main_hidden)
         return ReplayOutputs(streams, pre_mix, main_hidden).tensors()
 
+    @host_effect("publications")
     def receive_publications(self, published: tuple[torch.Tensor, ...]) -> None:
-        """S's publications of these rows into the current context, for S and the layers after."""
+        """S's publications of these rows into the current context, for S and the layers after.
+        A host effect: a replay graph of these layers redoes it on each replay's context."""
         if not published:
             return
         ctx = get_forward_context()

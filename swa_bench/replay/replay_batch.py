@@ -18,12 +18,20 @@ segment), its attention input collapsed there with the same pre-mix. The engine 
 the step's forward context; the model's ``replay_layers`` calls ``run`` (in a PIECEWISE capture an
 eager break, so the gather, the kept-row layers and the scatter run eagerly at every graph
 replay).
+
+A replay batch may run in a graph of its own (a replay graph, issue 34; vLLM's
+``ReplayBatch.run_graph``): the plan pads its rows to a replay capture size, every padded row a copy
+of batch row 0's inputs under the dummy request (it reads nothing and writes no KV), and the
+engine sets ``run_graph``, which copies the inputs into the graph's static buffers and replays it.
+Without ``run_graph`` a padded batch runs the same padded rows eagerly: what E3 compares a replay
+graph with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -40,17 +48,38 @@ from swa_bench.model.forward_context import (
 from swa_bench.replay.row_selection import kept_rows, kept_window_start
 
 
+class RunGraph(Protocol):
+    """Runs a padded replay batch's layers in its replay graph (``graphs.ReplayGraphs.run``):
+    the inputs gathered by ``batch.padded_rows`` into static buffers, the graph replayed under
+    ``batch.forward_context``; returns its static outputs, one row per padded row."""
+
+    def __call__(
+        self, run_layers: Callable[..., tuple[torch.Tensor, ...]], batch_kv: torch.Tensor,
+        inputs: Sequence[torch.Tensor], batch: ReplayBatch,
+    ) -> tuple[torch.Tensor, ...]: ...
+
+
 @dataclass
 class ReplayBatch:
-    """Kept rows (indices into the batch) and the context the replay layers run under."""
+    """Kept rows (indices into the batch) and the context the replay layers run under.
+
+    ``padded_rows`` (None: unpadded) are ``rows`` followed by batch row 0 up to the replay graph's
+    size, which the context's metadata is padded to; ``run_graph`` is set when the batch runs in
+    that graph."""
 
     rows: torch.Tensor
     kept_lens: tuple[int, ...]
     forward_context: ForwardContext
+    padded_rows: torch.Tensor | None = None
+    run_graph: RunGraph | None = None
 
     @property
     def num_rows(self) -> int:
         return self.rows.shape[0]
+
+    @property
+    def graph_size(self) -> int | None:
+        return None if self.padded_rows is None else self.padded_rows.shape[0]
 
     def run(
         self,
@@ -61,13 +90,19 @@ class ReplayBatch:
         """``run_layers`` on the kept rows (``ReplayRoute``): gather, run, scatter, each timed
         under the step's timer. Row ``j`` of every gathered input is batch row ``rows[j]``."""
         timer = get_forward_context().timer
-        with region(timer, "gather"):
-            gathered = [t.index_select(0, self.rows) for t in inputs]
-        with region(timer, "layers"), set_forward_context(self.forward_context):
-            outputs = run_layers(batch_kv, *gathered)
+        if self.run_graph is not None:
+            outputs = self.run_graph(run_layers, batch_kv, inputs, self)
+        else:
+            rows = self.rows if self.padded_rows is None else self.padded_rows
+            with region(timer, "gather"):
+                gathered = [t.index_select(0, rows) for t in inputs]
+            with region(timer, "layers"), set_forward_context(self.forward_context):
+                outputs = run_layers(batch_kv, *gathered)
+        n = self.num_rows
         with region(timer, "scatter"):
             return tuple(
-                out.new_zeros((batch_kv.shape[0], *out.shape[1:])).index_copy_(0, self.rows, out)
+                out.new_zeros((batch_kv.shape[0], *out.shape[1:])).index_copy_(0, self.rows,
+                                                                               out[:n])
                 for out in outputs
             )
 
@@ -93,16 +128,28 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
     return out
 
 
+def replay_request_slots(args: ModelArgs) -> int:
+    """Per-request metadata length of a padded replay batch: fixed, as a replay graph's static
+    metadata needs (every request slot and the dummy one)."""
+    return args.max_requests + 1
+
+
 def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, cache: KVCache,
-                       kernels: Kernels) -> ReplayBatch:
+                       kernels: Kernels, *, pad_to: int | None = None) -> ReplayBatch:
     """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows; its layers run
-    on ``cache`` and ``kernels``, the step's engine's."""
+    on ``cache`` and ``kernels``, the step's engine's. ``pad_to`` (a replay capture size) pads
+    its rows and metadata to that many rows, the padded rows belonging to the dummy request."""
     lens = list(lens)
     device = step.input_ids.device
     layouts = kept_layouts(step, lens)
     num_kept = sum(lens)
+    if pad_to is not None and pad_to < num_kept:
+        raise ValueError(f"a replay batch of {num_kept} rows does not pad to {pad_to}")
+    num_rows = num_kept if pad_to is None else pad_to
+    slots = None if pad_to is None else replay_request_slots(args)
     metadata = make_metadata(
-        layouts, num_q_rows=num_kept, num_kv_rows=num_kept, args=args, device=device
+        layouts, num_q_rows=num_rows, num_kv_rows=num_rows, args=args, device=device,
+        num_request_slots=slots,
     )
     # The first replay layer's window attention reads the batch KV of every row with the batch's
     # window starts: its outputs at the kept rows are exact.
@@ -111,9 +158,14 @@ def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, ca
         for batch_lay, kept in zip(step.metadata.layouts, layouts, strict=True)
     ]
     first_metadata = make_metadata(
-        first_layouts, num_q_rows=num_kept, num_kv_rows=step.num_padded, args=args, device=device
+        first_layouts, num_q_rows=num_rows, num_kv_rows=step.num_padded, args=args,
+        device=device, num_request_slots=slots,
     )
-    rows = torch.tensor(kept_rows(step.requests, lens), dtype=torch.long).to(device)
+    kept = kept_rows(step.requests, lens)
+    rows = torch.tensor(kept, dtype=torch.long).to(device)
+    padded = None
+    if pad_to is not None:
+        padded = torch.tensor(kept + [0] * (pad_to - num_kept), dtype=torch.long).to(device)
     context = ForwardContext(
         attn_metadata=metadata,
         logits_indices=rows.new_zeros(0),
@@ -121,5 +173,6 @@ def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, ca
         kernels=kernels,
         layer_metadata={args.last_kv_source: first_metadata},
     )
-    return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context)
+    return ReplayBatch(rows=rows, kept_lens=tuple(lens), forward_context=context,
+                       padded_rows=padded)
 

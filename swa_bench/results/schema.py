@@ -170,6 +170,11 @@ class CaseResult(_Strict):
     deterministic: dict[str, int] = {}
     capture_seconds: float | None = None  # capturing the replay path's graphs, all sizes
     graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
+    # The replay path's replay graphs (PIECEWISE, issue 34): the sizes captured by the end of the
+    # timing, their capture time and the device memory they added to the pool (CUDA only).
+    replay_graph_sizes: list[int] = []
+    replay_capture_seconds: float | None = None
+    replay_graph_pool_bytes: int | None = None
     approximation: Approximation | None = None
     parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
     tasks: TaskResults | None = None

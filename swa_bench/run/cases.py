@@ -252,8 +252,14 @@ class CaseRunner:
             "graph_segments": 0 if graphs is None else graphs.stats.segments,
             "graph_breaks": 0 if graphs is None else graphs.stats.breaks,
         }
+        on_cuda = self.device.type == "cuda"
         if graphs is not None:
             result.deterministic["padded_tokens"] = plan.graph_size or 0
             result.capture_seconds = graphs.stats.seconds
-            on_cuda = self.device.type == "cuda"
             result.graph_pool_bytes = graphs.stats.pool_bytes if on_cuda else None
+        if replay.replay_graphs is not None:
+            result.deterministic["replay_graph_rows"] = plan.replay_graph_size or 0
+            result.replay_graph_sizes = sorted(replay.replay_graphs.graphs)
+            result.replay_capture_seconds = replay.replay_graphs.stats.seconds
+            result.replay_graph_pool_bytes = (replay.replay_graphs.stats.pool_bytes if on_cuda
+                                              else None)

@@ -38,6 +38,7 @@ from swa_bench.engine.config import (
     DEFAULT_HALO_ALIGN,
     DEFAULT_MAX_CAPTURE_SIZE,
     DEFAULT_POLICY,
+    DEFAULT_REPLAY_GRAPHS,
     EngineConfig,
     GraphMode,
     kernel_settings_from_environment,
@@ -326,6 +327,9 @@ class Scenario(_Strict):
     eager_trim_threshold: NonNegativeInt = DEFAULT_EAGER_TRIM_THRESHOLD
     capture_sizes: list[PositiveInt] | None = None
     max_capture_size: Annotated[int, Ge(1), Le(1 << 20)] = DEFAULT_MAX_CAPTURE_SIZE
+    # PIECEWISE replay batches in graphs of their own; null sizes: vLLM's rule (issue 34).
+    replay_graphs: bool = DEFAULT_REPLAY_GRAPHS
+    replay_capture_sizes: list[PositiveInt] | None = None
     kernels: KernelsSpec = Field(default_factory=KernelsSpec)
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
@@ -336,7 +340,7 @@ class Scenario(_Strict):
     _source_text: str = PrivateAttr(default="")
     _max_cases: int = PrivateAttr(default=MAX_CASES)
 
-    @field_validator("capture_sizes")
+    @field_validator("capture_sizes", "replay_capture_sizes")
     @classmethod
     def _increasing(cls, sizes: list[int] | None) -> list[int] | None:
         if sizes is not None and (problem := capture_sizes_problem(sizes)):
@@ -385,6 +389,7 @@ class Scenario(_Strict):
             trim_threshold=self.trim_threshold, eager_trim_threshold=self.eager_trim_threshold,
             capture_sizes=self.capture_sizes, max_capture_size=self.max_capture_size,
             halo_align=self.halo_align, kernels=self.kernel_settings(),
+            replay_graphs=self.replay_graphs, replay_capture_sizes=self.replay_capture_sizes,
         )
 
     def continuation_steps(self) -> int:
@@ -411,6 +416,12 @@ class Scenario(_Strict):
         if self.trim_threshold is not None and (
                 problem := trim_threshold_problem(self.trim_threshold, window)):
             out.append((("trim_threshold",), problem))
+        if self.graph_mode == "piecewise" and self.replay_graphs:
+            try:
+                self.engine_config()
+            except ValueError as e:  # replay sizes beyond what a step can hold
+                if "replay" in str(e):
+                    out.append((("replay_capture_sizes",), str(e)))
         steps = self.checks.approximation.continuation_steps
         if steps is not None and steps < window:
             out.append((("checks", "approximation", "continuation_steps"),
