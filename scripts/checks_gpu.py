@@ -44,17 +44,28 @@ def kept_start_off_by_one():
         replay_batch.kept_window_start = real
 
 
+def config_for(model, tokens, **kw):
+    """The engine configuration of every check: eager, or GRAPH_MODE=piecewise (a model graph
+    of the step's size, vLLM's trim threshold 768, replay graphs at their default sizes)."""
+    mode = os.environ.get("GRAPH_MODE", "eager")
+    if mode == "eager":
+        return EngineConfig.for_model(model.args, **kw)
+    return EngineConfig.for_model(model.args, graph_mode=mode, capture_sizes=(tokens,),
+                                  trim_threshold=min(768, tokens), **kw)
+
+
 def run(label, check, model, tokens, expect_pass=True, **kw):
     inputs = StepInputs.seeded([RequestSpec(prompt_len=tokens)], model.args.vocab_size, 0)
     t0 = time.time()
     if check == "E1":
-        r = equivalence.check_e1(model, inputs, EngineConfig.for_model(model.args),
+        r = equivalence.check_e1(model, inputs, config_for(model, tokens),
                                  decode_steps=kw.get("decode_steps", 2 * model.args.window))
     elif check == "E2":
-        r = equivalence.check_e2(model, inputs,
-                                     EngineConfig.for_model(model.args, policy="halo"))
+        r = equivalence.check_e2(model, inputs, config_for(model, tokens, policy="halo"))
+    elif check == "E3":
+        r = equivalence.check_e3(model, inputs, config_for(model, tokens))
     else:
-        r = equivalence.check_e5(model, inputs, EngineConfig.for_model(model.args))
+        r = equivalence.check_e5(model, inputs, config_for(model, tokens))
     ok = r.passed == expect_pass
     verdict = ("PASS" if r.passed else "FAIL") + ("" if ok else "  <-- UNEXPECTED")
     row = f"| {label} | {check} | {verdict} | {time.time() - t0:.0f}s | {r.message[:400]} |"
@@ -70,7 +81,8 @@ def run(label, check, model, tokens, expect_pass=True, **kw):
 def main() -> int:
     # Items: [flash-]{bf16,fp32,fault}-{16k,64k}; "flash-" runs the real v41-flash stack (top-512
     # indexer: E1/E2 also judge the top-k selections), otherwise v41-flash-shape.
-    # CHECKS=e2,e5 narrows the checks run on each item (default: all three).
+    # CHECKS=e2,e5 narrows the checks run on each item (default: E1, E2, E5; e3 adds E3);
+    # GRAPH_MODE=piecewise runs them on PIECEWISE engines (replay graphs on).
     plan = sys.argv[1:] or ["bf16-16k", "fault-16k", "fp32-16k", "bf16-64k", "flash-bf16-16k"]
     only = os.environ.get("CHECKS", "e1,e2,e5").split(",")
     # A CPU dry run of this script: CHECKS_GPU_DRY=1 (tiny / sparse-tiny, 40 and 60 tokens).
@@ -104,6 +116,8 @@ def main() -> int:
             good &= run(label, "E2", model, tokens)
         if "e5" in only:
             good &= run(label, "E5", model, tokens)
+        if "e3" in only:
+            good &= run(label, "E3", model, tokens)
     print("\n| case | check | result | time | message |\n| --- | --- | --- | --- | --- |")
     print("\n".join(ROWS))
     print("ALL AS EXPECTED" if good else "SOMETHING UNEXPECTED")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
 import torch
 
 from swa_bench.model.args import ModelArgs
@@ -104,12 +105,12 @@ class AttentionMetadata:
         return replace(static, layouts=self.layouts)
 
 
-def rows_of(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rows_of(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For requests of ``lengths`` rows, packed in order: each row's request and its offset in
     that request (vectorised: no loop over requests)."""
-    request = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    return request, torch.arange(request.shape[0]) - starts[request]
+    request = np.repeat(np.arange(lengths.shape[0]), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return request, np.arange(request.shape[0]) - starts[request]
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(RequestLayout))
@@ -125,7 +126,8 @@ def make_metadata(
     num_request_slots: int | None = None,
     writes: bool = True,
 ) -> AttentionMetadata:
-    """Builds the tensors on the host with vectorised ops and moves them in one copy.
+    """Builds the tensors on the host with vectorised numpy ops (a step's host cost: a torch op
+    on small host tensors costs several times a numpy one) and moves them in one copy.
 
     ``num_request_slots`` fixes the per-request arrays' length (graphs need it static); the dummy
     request takes the last slot. ``writes=False`` sends every write to the trash row (capture and
@@ -138,20 +140,23 @@ def make_metadata(
     window, max_seq = args.window, args.max_seq_len
     ring_trash, global_trash = args.max_requests * window, args.max_requests * max_seq
     n = len(layouts)
-    table = torch.tensor(
-        [[getattr(lay, f) for f in LAYOUT_FIELDS] for lay in layouts], dtype=torch.long
-    ).view(n, len(LAYOUT_FIELDS))
-    lay = dict(zip(LAYOUT_FIELDS, table.unbind(1), strict=True))
+    table = np.array(
+        [[getattr(lay, f) for f in LAYOUT_FIELDS] for lay in layouts], dtype=np.int64
+    ).reshape(n, len(LAYOUT_FIELDS))
+    lay = dict(zip(LAYOUT_FIELDS, table.T, strict=True))
+    sizes = (num_q_rows, num_q_rows, slots, slots, slots, slots, slots, num_kv_rows, num_kv_rows)
+    packed = np.zeros(sum(sizes), dtype=np.int64)
+    positions, row_request, *per_request, ring_slot, global_slot = np.split(
+        packed, np.cumsum(sizes)[:-1])
 
-    positions = torch.zeros(num_q_rows, dtype=torch.long)
-    row_request = torch.full((num_q_rows,), dummy, dtype=torch.long)
+    row_request[:] = dummy
     request, offset = rows_of(lay["q_len"])
     rows = lay["q_start"][request] + offset
     positions[rows] = lay["q_first_pos"][request] + offset
     row_request[rows] = request
 
-    ring_slot = torch.full((num_kv_rows,), ring_trash, dtype=torch.long)
-    global_slot = torch.full((num_kv_rows,), global_trash, dtype=torch.long)
+    ring_slot[:] = ring_trash
+    global_slot[:] = global_trash
     if writes:
         request, offset = rows_of(lay["kv_len"])
         rows = lay["kv_start"][request] + offset
@@ -159,31 +164,19 @@ def make_metadata(
         cache_index = lay["cache_index"][request]
         global_slot[rows] = cache_index * max_seq + kv_pos
         in_ring = kv_pos >= lay["seq_len"][request] - window
-        ring_slot[rows] = torch.where(in_ring, cache_index * window + kv_pos % window, ring_trash)
+        ring_slot[rows] = np.where(in_ring, cache_index * window + kv_pos % window, ring_trash)
 
     names = ("window_start", "kv_first_pos", "kv_row_start", "seq_len", "cache_index")
-    per_request = torch.zeros(len(names), slots, dtype=torch.long)
-    per_request[0, dummy] = NO_WINDOW
-    per_request[:, :n] = torch.stack(
-        [
-            lay["window_start"],
-            lay["kv_first_pos"],
-            lay["kv_start"],
-            lay["seq_len"],
-            lay["cache_index"],
-        ]
-    )
-    parts = {
-        "positions": positions,
-        "row_request": row_request,
-        **dict(zip(names, per_request, strict=True)),
-        "ring_slot": ring_slot,
-        "global_slot": global_slot,
-    }
-    packed = torch.cat(list(parts.values())).to(device, non_blocking=True)
-    views = packed.split([t.shape[0] for t in parts.values()])
+    per_request[0][dummy] = NO_WINDOW
+    for arr, column in zip(per_request,
+                                 ("window_start", "kv_first_pos", "kv_start", "seq_len",
+                                  "cache_index"), strict=True):
+        arr[:n] = lay[column]
+    on_device = torch.from_numpy(packed).to(device, non_blocking=True)
+    views = on_device.split(list(sizes))
+    parts = ("positions", "row_request", *names, "ring_slot", "global_slot")
     return AttentionMetadata(
-        **dict(zip(parts, views, strict=True)), layouts=tuple(layouts), packed=packed
+        **dict(zip(parts, views, strict=True)), layouts=tuple(layouts), packed=on_device
     )
 
 
