@@ -169,7 +169,27 @@ def test_run_refuses_a_parallel_layout_with_the_torchrun_command():
 def test_run_without_scenario_dry_runs_the_smoke_scenario():
     result = runner.invoke(app, ["run", "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "smoke" in result.stdout and "9 cases" in result.stdout
+    assert "smoke" in result.stdout and "9 cases, about " in result.stdout
+
+
+def test_dry_run_estimates_each_case_and_names_the_basis():
+    """Each row ends in its estimated duration (``bench.estimate``: the same figure printed) and
+    the caption says where the rate came from; the title gives the scenario's total."""
+    from swa_bench.bench.estimate import CPU_RATE, format_duration
+    from swa_bench.cli import _estimate
+
+    path = REPO / "scenarios" / "threshold-sweep.yaml"
+    cases = expand_cases(load_scenario(path))
+    result = runner.invoke(app, ["run", "--dry-run", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "CPU constants from ci/smoke-baseline.json" in text and "FLOP model" in text
+    guesses = [_estimate(case, CPU_RATE) for case in cases]
+    total = format_duration(sum(g.seconds for g in guesses))
+    assert f"14 cases, about {total}" in text
+    rows = [line for line in result.stdout.splitlines() if any(c.case_id in line for c in cases)]
+    for case, guess, row in zip(cases, guesses, rows, strict=True):
+        assert case.case_id in row and row.rstrip(" │").endswith(format_duration(guess.seconds))
 
 
 @dataclass
