@@ -470,3 +470,48 @@ def test_a_closed_stdout_pipe_ends_quietly():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
+AT_80 = """\
+name: tiny-at-80-columns
+device: cpu
+workload: {requests: [{prompt_len: 30}, {prompt_len: 9, decode: true}]}
+sweep:
+  grid:
+    graph_mode: [eager, piecewise]
+    policy: [bounded, halo]
+capture_sizes: [32, 64]
+checks: {e2: {enabled: false}, e3: {enabled: false}, e4: {enabled: false},
+         e5: {enabled: false}}
+timing: {enabled: true, warmup: 0, iters: 2, breakdown: false}
+"""
+
+
+def test_piped_output_at_80_columns_keeps_figures_and_words_whole(tmp_path):
+    """`run` and `check` piped at COLUMNS=80: no line ends in a space, nothing is cut to '…',
+    every line but the one-line verdicts and a progress line per case fits 80 columns (the
+    advice and warnings wrap between words), and each case's speedup in the table is the one
+    in results.json, in full."""
+    from swa_bench.report import tables
+    from swa_bench.results import load_results
+
+    path = tmp_path / "at80.yaml"
+    path.write_text(AT_80)
+    piped = {"COLUMNS": "80"}  # CliRunner's output is not a terminal: what a pipe gets
+    run = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")], env=piped)
+    check = runner.invoke(app, ["check", str(path)], env=piped)
+    assert run.exit_code == 0 and check.exit_code == 0, run.output + check.output
+    assert "recommended trim_threshold" in run.stdout
+    for output in (run.output, check.output):
+        lines = output.splitlines()
+        assert lines and "…" not in output
+        assert [line for line in lines if line != line.rstrip()] == []
+        long = [line for line in lines if len(line) > 80 and not line.startswith(
+            ("PASS", "FAIL", "ERROR", "UNVERIFIED")) and not (line[:1] == "[" and "/" in line[:8])]
+        assert long == []
+    results = load_results(tmp_path / "out")
+    rows = {line.split()[0] + "/" + line.split()[1]: line for line in run.stdout.splitlines()
+            if line.split()[:1] in (["eager"], ["piecewise"]) and "x" in line}
+    for case in results.cases:
+        row = rows[f"{case.graph_mode}/{case.policy}"]
+        assert tables.speedup_cell(case) in row.split()
