@@ -8,14 +8,16 @@ microsecond noise on quiet machines, size alone flags noise on busy ones, and ne
 runs of one commit on a shared machine move a case's medians by 10-15% with tight samples on both
 sides (the A/A pair of default runs that failed the old gate). Deterministic figures (kept rows,
 captured graphs, FLOPs) must match exactly.
-The speedup is gated too, within each run (``compare_speedup``): both paths are timed in the same
-iterations, so each iteration's reference/replay ratio cancels whatever the machine did to both,
-between the runs as within them. A speedup that fell beyond ``max_slowdown`` plus the ratio's own
-spread, significantly (Mann-Whitney U on the per-iteration ratios), regresses even when a drift
-of both paths hides the replay path's slowdown in the absolute times: the +20% slow-path control
-of ``.ci/run`` ran after a 15-25% faster baseline three times and passed the absolute gate. A
-speedup that rose is not gated (replay getting faster is the intended change; a slower
-reference is still gated by its absolute time).
+The speedup is gated too, within each run (``compare_speedup``): on a CPU both paths are timed in
+alternation (``time_interleaved``), so each iteration's reference/replay ratio cancels whatever
+the machine did to both, between the runs as within them (on a GPU the paths are timed one after
+the other and paired by sample index: a drift between the runs still cancels). A speedup that
+fell by more than ``max_slowdown`` plus the ratio's own spread, significantly (Mann-Whitney U on
+the per-iteration ratios), regresses even where a drift of both paths hides the replay path's
+slowdown in the absolute times: the +20% slow-path control of ``.ci/run``, compared with a
+baseline 10-25% slower on both paths (the first run after the test suite), passed the absolute
+gate three times. A speedup that rose is not gated (replay getting faster is the intended
+change; a slower reference is still gated by its absolute time).
 A pair of cases that ran other kernels (backend, tile, launch mode: ``CaseResult.kernels``) did not
 measure the same thing: it is "incomparable" and fails the gate, unless the comparison is asked for
 as an A/B (``allow_config_change``), when it is compared and the difference is warned about.
@@ -107,8 +109,9 @@ class TimingDelta:
 @dataclass(frozen=True)
 class SpeedupDelta:
     """The speedup of one matched case in both runs, from paired samples: the median over
-    iterations of reference_i / replay_i (the paths' samples of one iteration, taken
-    back to back). ``spread`` is the larger IQR/median of those ratios in either run."""
+    iterations of reference_i / replay_i (on a CPU the paths' samples of one iteration, taken
+    back to back; on a GPU the i-th sample of each). ``spread`` is the larger IQR/median of
+    those ratios in either run."""
 
     baseline: float
     current: float
@@ -284,8 +287,8 @@ def _iqr_over_median(values: list[float]) -> float:
 
 
 def _paired_speedups(timing: CaseTiming | None) -> list[float] | None:
-    """reference_i / replay_i per iteration, or None when the paths were not timed in lockstep
-    (a path missing, other sample counts) or a sample is not a finite time > 0."""
+    """reference_i / replay_i per sample index, or None when a path is missing, the sample
+    counts differ or a sample is not a finite time > 0."""
     ref, rep = getattr(timing, "reference", None), getattr(timing, "replay", None)
     if ref is None or rep is None or len(ref.samples_ms) != len(rep.samples_ms):
         return None
