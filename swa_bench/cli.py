@@ -286,11 +286,40 @@ def validate(
         raise typer.Exit(2)
 
 
+def _device_rate(scenario: Scenario) -> Any:
+    """The estimate's constants for the device the scenario would run on (``auto``: the GPU when
+    one is visible, as ``run`` resolves it)."""
+    import torch
+
+    from swa_bench.bench.estimate import CPU_RATE, GPU_RATE
+
+    on_gpu = scenario.device == "cuda" or (scenario.device == "auto"
+                                           and torch.cuda.is_available())
+    return GPU_RATE if on_gpu else CPU_RATE
+
+
+def _estimate(case: Case, rate: Any) -> Any:
+    """``bench.estimate.estimate_case`` for one case: its enabled checks and timing settings."""
+    from swa_bench.bench.estimate import CHECK_NAMES, estimate_case
+
+    sc = case.scenario
+    checks = sum(getattr(sc.checks, name).enabled for name in CHECK_NAMES)
+    return estimate_case(case.model_args(), case.requests(), checks_enabled=checks,
+                         timing_enabled=sc.timing.enabled, warmup=sc.timing.warmup,
+                         iters=sc.timing.iters, rate=rate)
+
+
 def cases_table(path: Path, scenario: Scenario, cases: list[Case]) -> Table:
-    """The dry-run view of one scenario: a row per case with its swept values and its size."""
+    """The dry-run view of one scenario: a row per case with its swept values, its size and its
+    estimated duration (``bench.estimate``), whose basis the caption names."""
+    from swa_bench.bench.estimate import CHECK_STEPS, format_duration
+
+    rate = _device_rate(scenario)
+    estimates = [_estimate(case, rate) for case in cases]
+    total = format_duration(sum(e.seconds for e in estimates))
     swept = list(cases[0].params) if cases else []
-    table = Table(title=f"{scenario.name} ({path}): {len(cases)} case{'s' * (len(cases) != 1)}",
-                  title_justify="left")
+    table = Table(title=f"{scenario.name} ({path}): {len(cases)} case{'s' * (len(cases) != 1)}, "
+                        f"about {total}", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("case", no_wrap=True, min_width=10)
     table.add_column("label", no_wrap=True)
@@ -299,10 +328,17 @@ def cases_table(path: Path, scenario: Scenario, cases: list[Case]) -> Table:
         table.add_column(leaf if leaves.count(leaf) == 1 else param, no_wrap=True)
     table.add_column("tokens", justify="right")
     table.add_column("requests", justify="right")
-    for case in cases:
+    table.add_column("est.", justify="right", no_wrap=True)
+    for case, guess in zip(cases, estimates, strict=True):
         values = [str(case.params[p]) for p in swept]
         table.add_row(str(case.index), case.case_id, case.label(), *values,
-                      str(case.num_tokens()), str(len(case.requests())))
+                      str(case.num_tokens()), str(len(case.requests())),
+                      format_duration(guess.seconds))
+    table.caption = (f"est.: estimated duration, {rate.basis}: the full step's FLOPs (FLOP model) "
+                     f"at that rate plus the layers' overhead, times 2 x (warmup + iters) timed "
+                     f"steps and {CHECK_STEPS} per enabled check; imports not counted; a factor "
+                     f"of 3 either way")
+    table.caption_justify = "left"
     return table
 
 

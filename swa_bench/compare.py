@@ -8,6 +8,16 @@ microsecond noise on quiet machines, size alone flags noise on busy ones, and ne
 runs of one commit on a shared machine move a case's medians by 10-15% with tight samples on both
 sides (the A/A pair of default runs that failed the old gate). Deterministic figures (kept rows,
 captured graphs, FLOPs) must match exactly.
+The speedup is gated too, within each run (``compare_speedup``): on a CPU both paths are timed in
+alternation (``time_interleaved``), so each iteration's reference/replay ratio cancels whatever
+the machine did to both, between the runs as within them (on a GPU the paths are timed one after
+the other and paired by sample index: a drift between the runs still cancels). A speedup that
+fell by more than ``max_slowdown`` plus the ratio's own spread, significantly (Mann-Whitney U on
+the per-iteration ratios), regresses even where a drift of both paths hides the replay path's
+slowdown in the absolute times: the +20% slow-path control of ``.ci/run``, compared with a
+baseline 10-25% slower on both paths (the first run after the test suite), passed the absolute
+gate three times. A speedup that rose is not gated (replay getting faster is the intended
+change; a slower reference is still gated by its absolute time).
 A pair of cases that ran other kernels (backend, tile, launch mode: ``CaseResult.kernels``) did not
 measure the same thing: it is "incomparable" and fails the gate, unless the comparison is asked for
 as an A/B (``allow_config_change``), when it is compared and the difference is warned about.
@@ -97,12 +107,37 @@ class TimingDelta:
 
 
 @dataclass(frozen=True)
+class SpeedupDelta:
+    """The speedup of one matched case in both runs, from paired samples: the median over
+    iterations of reference_i / replay_i (on a CPU the paths' samples of one iteration, taken
+    back to back; on a GPU the i-th sample of each). ``spread`` is the larger IQR/median of
+    those ratios in either run."""
+
+    baseline: float
+    current: float
+    p_fell: float
+    spread: float
+    verdict: Literal["fell", "unchanged"]
+
+    @property
+    def change(self) -> float:
+        """How much slower replay got relative to the reference (baseline/current - 1)."""
+        return self.baseline / self.current - 1.0
+
+    def describe(self) -> str:
+        return (f"speedup {self.baseline:.3f}x -> {self.current:.3f}x within each run (replay "
+                f"{100 * self.change:+.1f}% relative to the reference, p={self.p_fell:.2g}, "
+                f"ratio spread {100 * self.spread:.0f}%)")
+
+
+@dataclass(frozen=True)
 class ComparisonRow:
     key: CaseKey
     label: str
     status: RowStatus
     reasons: tuple[str, ...]
     timings: tuple[TimingDelta, ...] = ()
+    speedup: SpeedupDelta | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +266,53 @@ def compare_timing(path: str, baseline: TimingStats | None, current: TimingStats
         verdict = "faster"
     return TimingDelta(path, baseline.median_ms, current.median_ms, change, p_slower, p_faster,
                        verdict)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def _iqr_over_median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def at(q: float) -> float:  # linear interpolation, as ``bench.timing.summarize``
+        x = q * (n - 1)
+        lo = int(x)
+        return ordered[lo] + (ordered[min(lo + 1, n - 1)] - ordered[lo]) * (x - lo)
+
+    return (at(0.75) - at(0.25)) / _median(ordered)
+
+
+def _paired_speedups(timing: CaseTiming | None) -> list[float] | None:
+    """reference_i / replay_i per sample index, or None when a path is missing, the sample
+    counts differ or a sample is not a finite time > 0."""
+    ref, rep = getattr(timing, "reference", None), getattr(timing, "replay", None)
+    if ref is None or rep is None or len(ref.samples_ms) != len(rep.samples_ms):
+        return None
+    if not (_plausible(ref) and _plausible(rep)):
+        return None
+    return [a / b for a, b in zip(ref.samples_ms, rep.samples_ms, strict=True)]
+
+
+def compare_speedup(baseline: CaseTiming | None, current: CaseTiming | None, *,
+                    max_slowdown: float, alpha: float, min_samples: int
+                    ) -> SpeedupDelta | None:
+    """The speedup within each run compared between the runs; pure. It "fell" when the
+    current per-iteration speedups are significantly lower (one-sided Mann-Whitney U, p <
+    ``alpha``) and replay got slower relative to the reference by more than ``max_slowdown``
+    plus the larger IQR/median of those speedups in either run. None without paired samples
+    (at least ``min_samples`` on both sides)."""
+    before, after = _paired_speedups(baseline), _paired_speedups(current)
+    if before is None or after is None or min(len(before), len(after)) < min_samples:
+        return None
+    spread = max(_iqr_over_median(before), _iqr_over_median(after))
+    p_fell = _p_value(after, before, "less")
+    was, now = _median(before), _median(after)
+    fell = p_fell < alpha and was / now - 1.0 > max_slowdown + spread
+    return SpeedupDelta(was, now, p_fell, spread, "fell" if fell else "unchanged")
 
 
 def beyond_noise(deltas: list[TimingDelta], baseline: CaseTiming | None,
@@ -369,6 +451,13 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
             regressions.append(delta.describe())
         elif delta.verdict == "faster":
             improvements.append(delta.describe())
+    speedup = compare_speedup(baseline.timing, current.timing, max_slowdown=max_slowdown,
+                              alpha=alpha, min_samples=min_samples)
+    if speedup is not None and speedup.verdict == "fell":
+        if timing_gate is not None:
+            warnings.append(f"{speedup.describe()} [not gated: {timing_gate}]")
+        else:
+            regressions.append(speedup.describe())
 
     status: RowStatus = ("regressed" if regressions else "warning" if warnings
                          else "improved" if improvements else "unchanged")
@@ -377,7 +466,7 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
         status = "incomparable"
         reasons.insert(0, "kernels differ (" + ", ".join(kernels) + "): not the same measurement "
                        "(--allow-config-change compares them as an A/B)")
-    return ComparisonRow(key, current.label, status, tuple(reasons), tuple(timings))
+    return ComparisonRow(key, current.label, status, tuple(reasons), tuple(timings), speedup)
 
 
 def compare_runs(baseline: RunResults, current: RunResults, *, max_slowdown: float = 0.05,

@@ -169,7 +169,27 @@ def test_run_refuses_a_parallel_layout_with_the_torchrun_command():
 def test_run_without_scenario_dry_runs_the_smoke_scenario():
     result = runner.invoke(app, ["run", "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "smoke" in result.stdout and "9 cases" in result.stdout
+    assert "smoke" in result.stdout and "9 cases, about " in result.stdout
+
+
+def test_dry_run_estimates_each_case_and_names_the_basis():
+    """Each row ends in its estimated duration (``bench.estimate``: the same figure printed) and
+    the caption says where the rate came from; the title gives the scenario's total."""
+    from swa_bench.bench.estimate import CPU_RATE, format_duration
+    from swa_bench.cli import _estimate
+
+    path = REPO / "scenarios" / "threshold-sweep.yaml"
+    cases = expand_cases(load_scenario(path))
+    result = runner.invoke(app, ["run", "--dry-run", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "CPU constants from ci/smoke-baseline.json" in text and "FLOP model" in text
+    guesses = [_estimate(case, CPU_RATE) for case in cases]
+    total = format_duration(sum(g.seconds for g in guesses))
+    assert f"14 cases, about {total}" in text
+    rows = [line for line in result.stdout.splitlines() if any(c.case_id in line for c in cases)]
+    for case, guess, row in zip(cases, guesses, rows, strict=True):
+        assert case.case_id in row and row.rstrip(" │").endswith(format_duration(guess.seconds))
 
 
 @dataclass
@@ -450,3 +470,48 @@ def test_a_closed_stdout_pipe_ends_quietly():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
+AT_80 = """\
+name: tiny-at-80-columns
+device: cpu
+workload: {requests: [{prompt_len: 30}, {prompt_len: 9, decode: true}]}
+sweep:
+  grid:
+    graph_mode: [eager, piecewise]
+    policy: [bounded, halo]
+capture_sizes: [32, 64]
+checks: {e2: {enabled: false}, e3: {enabled: false}, e4: {enabled: false},
+         e5: {enabled: false}}
+timing: {enabled: true, warmup: 0, iters: 2, breakdown: false}
+"""
+
+
+def test_piped_output_at_80_columns_keeps_figures_and_words_whole(tmp_path):
+    """`run` and `check` piped at COLUMNS=80: no line ends in a space, nothing is cut to '…',
+    every line but the one-line verdicts and a progress line per case fits 80 columns (the
+    advice and warnings wrap between words), and each case's speedup in the table is the one
+    in results.json, in full."""
+    from swa_bench.report import tables
+    from swa_bench.results import load_results
+
+    path = tmp_path / "at80.yaml"
+    path.write_text(AT_80)
+    piped = {"COLUMNS": "80"}  # CliRunner's output is not a terminal: what a pipe gets
+    run = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")], env=piped)
+    check = runner.invoke(app, ["check", str(path)], env=piped)
+    assert run.exit_code == 0 and check.exit_code == 0, run.output + check.output
+    assert "recommended trim_threshold" in run.stdout
+    for output in (run.output, check.output):
+        lines = output.splitlines()
+        assert lines and "…" not in output
+        assert [line for line in lines if line != line.rstrip()] == []
+        long = [line for line in lines if len(line) > 80 and not line.startswith(
+            ("PASS", "FAIL", "ERROR", "UNVERIFIED")) and not (line[:1] == "[" and "/" in line[:8])]
+        assert long == []
+    results = load_results(tmp_path / "out")
+    rows = {line.split()[0] + "/" + line.split()[1]: line for line in run.stdout.splitlines()
+            if line.split()[:1] in (["eager"], ["piecewise"]) and "x" in line}
+    for case in results.cases:
+        row = rows[f"{case.graph_mode}/{case.policy}"]
+        assert tables.speedup_cell(case) in row.split()

@@ -268,3 +268,96 @@ def test_a_non_finite_median_regresses(value):
     row = next(r for r in comparison.rows if r.label == current.cases[0].label)
     assert row.status == "regressed" and "not a finite number" in row.reasons[0]
     assert comparison.failed
+
+
+def paired_run(*, seed: int, drift: float = 1.0, replay_scale: float = 1.0,
+               samples: int = 10, noise: float = 0.04, burst: float = 0.08):
+    """A synthetic CPU run timed as ``time_interleaved`` times one: in iteration i both paths
+    share a load factor (1 + |N(0, burst)|, a burst hitting both back-to-back calls) and each
+    has its own N(0, noise); ``drift`` scales both paths of every case (the machine between two
+    runs), ``replay_scale`` the replay path only (code). Stats from ``bench.timing.summarize``."""
+    import random
+
+    from swa_bench.bench.timing import summarize
+    from swa_bench.results import CaseTiming
+
+    results = clean_run(seed=seed)
+    rng = random.Random(1000 + seed)
+    for case in results.cases:
+        ref_ms, rep_ms = case.timing.reference.median_ms, case.timing.replay.median_ms
+        ref, rep = [], []
+        for _ in range(samples):
+            load = drift * (1 + abs(rng.gauss(0.0, burst)))
+            ref.append(ref_ms * load * (1 + rng.gauss(0.0, noise)))
+            rep.append(rep_ms * replay_scale * load * (1 + rng.gauss(0.0, noise)))
+        case.timing = CaseTiming(reference=summarize(ref), replay=summarize(rep))
+    return results
+
+
+def test_a_shared_drift_of_both_paths_never_fails_the_speedup_gate():
+    """An A/A pair whose second run is 15% slower (or faster) on both paths, 10 samples a path
+    as the default scenario takes, over 10 pairs: the per-iteration speedups cancel the drift,
+    so no case's speedup falls beyond its noise and no pair fails."""
+    for seed in range(10):
+        baseline = paired_run(seed=2 * seed)
+        for drift in (1.15, 1 / 1.15):
+            current = paired_run(seed=2 * seed + 1, drift=drift)
+            comparison = compare_runs(baseline, current)
+            assert not comparison.regressed, (seed, drift, [
+                r.reasons for r in comparison.rows if r.status == "regressed"])
+            assert all(r.speedup is not None and r.speedup.verdict == "unchanged"
+                       for r in comparison.rows)
+
+
+def test_a_twenty_percent_slower_replay_path_fails_under_any_shared_drift():
+    """The slow-path control of .ci/run: replay +20% in every case, with the machine 15% slower
+    or 25% faster between the runs. At 25% faster the replay path's absolute time does not
+    move (1.2 / 1.25 = 0.96: the absolute gate passed such a pair three times); the speedup
+    within each run fell by 20% and regresses every time."""
+    from swa_bench.compare import compare_timing
+
+    for seed in range(5):
+        baseline = paired_run(seed=2 * seed)
+        for drift in (1.15, 1.0, 1 / 1.25):
+            current = paired_run(seed=2 * seed + 1, drift=drift, replay_scale=1.20)
+            comparison = compare_runs(baseline, current)
+            assert comparison.regressed, (seed, drift)
+            fell = [r for r in comparison.rows if r.speedup.verdict == "fell"]
+            assert len(fell) >= len(comparison.rows) // 2
+            assert all(any(reason.startswith("speedup ") and "replay +" in reason
+                           for reason in r.reasons) for r in fell)
+        hidden = [compare_timing("replay", b.timing.replay, c.timing.replay, max_slowdown=0.05,
+                                 alpha=0.01, min_samples=5).verdict
+                  for b, c in zip(baseline.cases, paired_run(seed=1, drift=1 / 1.25,
+                                                             replay_scale=1.20).cases,
+                                  strict=True)]
+        assert "slower" not in hidden  # the absolute gate alone misses it
+
+
+def test_a_faster_replay_path_or_a_speedup_gate_that_is_off_never_fails():
+    baseline = paired_run(seed=0)
+    faster = compare_runs(baseline, paired_run(seed=1, replay_scale=1 / 1.25))
+    assert not faster.regressed
+    assert all(r.speedup.verdict == "unchanged" for r in faster.rows)
+    slower = paired_run(seed=1, replay_scale=1.25)
+    off = compare_runs(baseline, slower, gate_timing=False)
+    assert not off.regressed
+    assert any("speedup " in reason and "[not gated: timing gate off]" in reason
+               for row in off.rows for reason in row.reasons)
+
+
+def test_the_speedup_gate_needs_paired_samples():
+    """A path with other sample counts than the other (not timed in lockstep) has no
+    per-iteration speedup: the gate then rests on the absolute times alone."""
+    from swa_bench.compare import compare_speedup
+
+    baseline, current = paired_run(seed=0), paired_run(seed=1, replay_scale=1.3)
+    timing = current.cases[0].timing
+    stats = timing.replay
+    cut = stats.model_copy(update={"samples_ms": stats.samples_ms[:-1]})
+    assert compare_speedup(baseline.cases[0].timing, timing.model_copy(update={"replay": cut}),
+                           max_slowdown=0.05, alpha=0.01, min_samples=5) is None
+    assert compare_speedup(baseline.cases[0].timing, timing, max_slowdown=0.05, alpha=0.01,
+                           min_samples=len(stats.samples_ms) + 1) is None
+    assert compare_speedup(baseline.cases[0].timing, timing, max_slowdown=0.05, alpha=0.01,
+                           min_samples=5).verdict == "fell"

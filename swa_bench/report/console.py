@@ -8,6 +8,7 @@ printed, not eaten as markup.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape as _markup_escape
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from swa_bench.compare import Comparison, ComparisonRow
 from swa_bench.report import tables
@@ -55,6 +57,30 @@ def print_table(console: Console, table: Any) -> None:
         console.print(table)
     text = "\n".join(line.rstrip() for line in captured.get().splitlines())
     console.file.write(text + "\n")
+
+
+def say(console: Console, markup: str, *, wrap: bool = True) -> None:
+    """One message (a warning, advice, a reason) wrapped to the console's width between words,
+    continuation lines indented two spaces: never inside a word (a path or label longer than
+    the width stays whole, on a line of its own) and no trailing spaces, where rich's own
+    wrapping cuts words (``/tmp/a…`` folded mid-path) and leaves a space at each break. A
+    verdict line (``wrap=False``) stays one line, whatever its length: logs are grepped for it."""
+    text = Text.from_markup(markup)
+    if not wrap:
+        console.print(text, highlight=False, soft_wrap=True)
+        return
+    lines: list[tuple[int, int]] = []
+    for word in re.finditer(r"\S+", text.plain):
+        if not lines:  # the first line keeps the message's own leading spaces
+            lines.append((0, word.end()))
+        elif word.end() - lines[-1][0] + (2 if len(lines) > 1 else 0) <= console.width:
+            lines[-1] = (lines[-1][0], word.end())
+        else:
+            lines.append((word.start(), word.end()))
+    for number, (start, end) in enumerate(lines or [(0, 0)]):
+        line = text[start:end]
+        console.print(Text("  ") + line if number else line, highlight=False, no_wrap=True,
+                      overflow="ignore", crop=False)
 
 
 def _table(title: str) -> Table:
@@ -98,7 +124,7 @@ def print_fitted(console: Console, build: Callable[[bool], Table],
         return
     print_table(console, build(True))
     for case in cases:
-        console.print(f"  #{case.index}: {escape(case.label)}", highlight=False, soft_wrap=True)
+        say(console, f"  #{case.index}: {escape(case.label)}")
 
 
 def _value(value: Any) -> str:
@@ -251,27 +277,26 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
         print_table(console, tasks)
     warning = unstable_warning(results)
     for line in ([warning] if warning else []) + tables.implausible(results):
-        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        say(console, f"[yellow]warning:[/] {escape(line)}")
     for advice in results.threshold_advice:
-        console.print(f"recommended trim_threshold for {escape(advice.graph_mode)} / "
+        say(console, f"recommended trim_threshold for {escape(advice.graph_mode)} / "
                       f"{escape(advice.batch)}: {tables.advice_value(advice)} "
-                      f"[dim]({escape(advice.note)})[/]", highlight=False, soft_wrap=True)
+                      f"[dim]({escape(advice.note)})[/]")
     print_failures(console, results.cases)
     verdict = results.verdict()
-    console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(tables.verdict_line(results))}[/]; "
-                  f"results in {escape(str(run_dir))}", highlight=False, soft_wrap=True)
+    say(console, f"[{_VERDICT_STYLE[verdict]}]{escape(tables.verdict_line(results))}[/]; "
+                  f"results in {escape(str(run_dir))}", wrap=False)
 
 
 def print_failures(console: Console, cases: Sequence[CaseResult]) -> None:
     """What went wrong, one line per failed check or raised case, under the table."""
     for case in cases:
         for check in case.failed_checks():
-            console.print(f"[red]FAIL[/] {escape(case.label)} {escape(check.id)}: "
-                          f"{escape(tables.one_line(tables.describe_check(check)))}",
-                          highlight=False, soft_wrap=True)
+            say(console, f"[red]FAIL[/] {escape(case.label)} {escape(check.id)}: "
+                          f"{escape(tables.one_line(tables.describe_check(check)))}")
         if case.status == "error":
-            console.print(f"[red]ERROR[/] {escape(case.label)}: "
-                          f"{escape(tables.one_line(case.error))}", highlight=False, soft_wrap=True)
+            say(console, f"[red]ERROR[/] {escape(case.label)}: "
+                          f"{escape(tables.one_line(case.error))}")
 
 
 # --- swa-bench check ---------------------------------------------------------------------------
@@ -313,8 +338,8 @@ def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> No
     print_fitted(console, lambda compact: check_table(name, cases, compact), cases)
     print_failures(console, cases)
     verdict = overall_verdict(cases)
-    console.print(f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
-                  highlight=False, soft_wrap=True)
+    say(console, f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
+        wrap=False)
 
 
 def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dict[str, Any]:
@@ -372,14 +397,13 @@ def comparison_table(comparison: Comparison) -> Table:
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
     for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        say(console, f"[yellow]warning:[/] {escape(warning)}")
     print_table(console, comparison_table(comparison))
     for row in sorted_rows(comparison):
         if row.status in ("unchanged", "new", "missing") or not row.reasons:
             continue
         style = _COMPARE_STYLE[row.status]
-        console.print(f"[{style}]{row.status}[/] {escape(row.label)}: "
-                      f"{escape('; '.join(row.reasons))}", highlight=False, soft_wrap=True)
+        say(console, f"[{style}]{row.status}[/] {escape(row.label)}: "
+                      f"{escape('; '.join(row.reasons))}")
     style = "bold red" if comparison.failed else "bold green"
-    console.print(f"[{style}]{escape(verdict_line(comparison))}[/]", highlight=False,
-                  soft_wrap=True)
+    say(console, f"[{style}]{escape(verdict_line(comparison))}[/]", wrap=False)

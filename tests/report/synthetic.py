@@ -37,7 +37,8 @@ CHECK_NAMES = {
 
 def timing_stats(median_ms: float, *, samples: int, noise: float,
                  rng: random.Random) -> TimingStats:
-    values = sorted(median_ms * (1.0 + rng.gauss(0.0, noise)) for _ in range(samples))
+    drawn = [median_ms * (1.0 + rng.gauss(0.0, noise)) for _ in range(samples)]
+    values = sorted(drawn)
     n = len(values)
 
     def pick(q: float) -> float:
@@ -45,7 +46,7 @@ def timing_stats(median_ms: float, *, samples: int, noise: float,
 
     median = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
     iqr = (pick(0.75) - pick(0.25)) / median
-    return TimingStats(samples_ms=values, median_ms=median, p10_ms=pick(0.1), p90_ms=pick(0.9),
+    return TimingStats(samples_ms=drawn, median_ms=median, p10_ms=pick(0.1), p90_ms=pick(0.9),
                        iqr_over_median=iqr, noisy=iqr > 0.10)
 
 
