@@ -46,11 +46,12 @@ def kept_start_off_by_one():
 
 def config_for(model, tokens, **kw):
     """The engine configuration of every check: eager, or GRAPH_MODE=piecewise (a model graph
-    of the step's size, vLLM's trim threshold 768, replay graphs at their default sizes)."""
+    of the step's size and one of 8 for decode steps, vLLM's trim threshold 768, replay graphs
+    at their default sizes)."""
     mode = os.environ.get("GRAPH_MODE", "eager")
     if mode == "eager":
         return EngineConfig.for_model(model.args, **kw)
-    return EngineConfig.for_model(model.args, graph_mode=mode, capture_sizes=(tokens,),
+    return EngineConfig.for_model(model.args, graph_mode=mode, capture_sizes=(8, tokens),
                                   trim_threshold=min(768, tokens), **kw)
 
 

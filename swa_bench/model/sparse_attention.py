@@ -120,7 +120,7 @@ def candidate_blocks(scores: torch.Tensor, counts: torch.Tensor,
     n_blocks = -(-n // size)
     padded = scores.new_full((rows, max(n_blocks, rule.width) * size), float("-inf"))
     padded[:, :n] = scores
-    blocks = padded.view(rows, -1, size).amax(-1)
+    blocks = padded.view(rows, max(n_blocks, rule.width), size).amax(-1)  # 0 rows too
     newest = torch.div(counts - 1, size, rounding_mode="floor")
     ids = torch.arange(blocks.shape[1], device=scores.device)
     blocks = blocks.masked_fill(ids[None, :] == newest[:, None], float("inf"))
