@@ -9,6 +9,7 @@ code 2 (``FILE: path.to.field: message``), never a traceback, reported before an
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import sys
 from pathlib import Path
@@ -96,6 +97,11 @@ class _OneLineErrors(TyperGroup):
         except BrokenPipeError:  # `swa-bench ... | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
+        except OSError as err:
+            if err.errno != errno.ENAMETOOLONG:  # a path no file system holds: bad input
+                raise
+            _say_error(f"{err.filename}: cannot use it ({err.strerror})")
+            sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
 

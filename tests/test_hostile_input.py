@@ -360,3 +360,18 @@ def test_control_characters_from_results_are_written_out(tmp_path):
     for text in (render_markdown(results), render_html(results)):
         assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned" in text
     assert printable("a\nb\tc\x9b\u202e") == "a\nb\tc\\x9b\\u202e"
+
+
+@pytest.mark.parametrize("command", ["run_out", "run_out_below", "report", "compare", "export"])
+def test_a_path_component_longer_than_the_file_system_allows(tmp_path, tiny_scenario, command):
+    """OSError 36 (ENAMETOOLONG) used to escape as a traceback; ``run --out a/LONG/b`` is
+    refused before ``a`` is made."""
+    long = "x" * 300
+    args = {"run_out": ["run", str(tiny_scenario), "--out", long],
+            "run_out_below": ["run", str(tiny_scenario), "--out", f"a/{long}/b"],
+            "report": ["report", long], "compare": ["compare", long, long],
+            "export": ["export", long]}[command]
+    proc = invoke.swa_bench(*args, cwd=tmp_path)
+    line = assert_one_line_exit_2(proc, long)
+    assert "too long" in line or "longer than" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.yaml"], "nothing is made"

@@ -47,7 +47,7 @@ from swa_bench.graphs.capture_sizes import capture_sizes_problem
 from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.requests import RequestSpec
-from swa_bench.model.weights import WeightsError, check_weights, read_weights
+from swa_bench.model.weights import WeightsError, check_weights, read_header
 from swa_bench.model.weights import resolve as resolve_weights
 from swa_bench.parallel.layout import ParallelLayout, layout_problems
 from swa_bench.replay.row_selection import Policy
@@ -452,7 +452,7 @@ class Scenario(_Strict):
         if path is None:
             return []
         try:
-            check_weights(self.model_args(), *read_weights(path))
+            check_weights(self.model_args(), read_header(path))
         except WeightsError as err:
             return [(("model", "weights"), str(err))]
         return []
