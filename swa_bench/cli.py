@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from swa_bench.scenario import (
     MAX_CASES,
+    MAX_CASES_LIMIT,
     Case,
     Scenario,
     ScenarioError,
@@ -139,7 +140,8 @@ ScenarioFiles = Annotated[
                                show_default=False)
 ]
 MaxCases = Annotated[
-    int, typer.Option("--max-cases", min=1, help="Refuse sweeps that expand to more cases.")
+    int, typer.Option("--max-cases", min=1, max=MAX_CASES_LIMIT,
+                      help="Refuse sweeps that expand to more cases.")
 ]
 
 
@@ -385,8 +387,8 @@ def run(
         layout = scenario.parallel.layout()
         if layout.parallel:
             _say_error(f"{path}: parallel: dp x tp = {layout.world_size} processes; run it with "
-                       f"torchrun --nproc-per-node {layout.world_size} -m swa_bench.run.parallel "
-                       f"{path}")
+                       f"python -m swa_bench.run.parallel {path} (it starts the "
+                       f"{layout.world_size} ranks under torchrun's launcher)")
             raise typer.Exit(2)
     from swa_bench.results import load_results
     from swa_bench.run.folder import check_target
