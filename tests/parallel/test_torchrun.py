@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+MEMORY_LIMIT = 3 * 1024**3  # as tests/test_hostile_input.py: bad input is refused within it
 SCENARIO = """\
 name: dp
 device: cpu
@@ -66,15 +68,36 @@ def scenario(tmp_path: Path) -> Path:
     return path
 
 
+def test_no_such_case_is_one_line_before_any_rank_starts(tmp_path, scenario):
+    """``-k no-such-case`` used to exit 0 with an empty results.json (``swa-bench run -k``: 2)."""
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+    proc = entry(str(scenario), "-k", "no-such-case", cwd=tmp_path, preexec_fn=limits)
+    assert_one_line_exit_2(finished(proc, 60),
+                           "--select: no case label or id contains 'no-such-case'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp.yaml"], "nothing is written"
+
+
 @pytest.mark.parametrize(("args", "env", "words"), [
-    (("-k", "no-such-case"), {}, ["--select: no case label or id contains 'no-such-case'"]),
     (("--resume", "--overwrite"), {}, ["contradict"]),
     ((), {"SWA_BENCH_KERNELS": "cuda"}, ["environment: SWA_BENCH_KERNELS: "]),
     (("--out", "x" * 300), {}, ["--out: ", "longer than"]),
+    (("--out", "dp.yaml"), {}, ["--out: is a file"]),
 ])
-def test_bad_input_is_one_line_before_any_rank_starts(tmp_path, scenario, args, env, words):
-    assert_one_line_exit_2(finished(entry(str(scenario), *args, cwd=tmp_path, env=env), 60),
-                           *words)
+def test_bad_input_is_refused_by_the_launcher(tmp_path, scenario, monkeypatch, capsys, args,
+                                             env, words):
+    """The launcher's checks, in this process (each is bounded; the subprocess test above runs
+    the real ``python -m``): nothing is started or written."""
+    from swa_bench.run import parallel
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = parallel.main([str(scenario), *args])
+    captured = capsys.readouterr()
+    assert_one_line_exit_2((code, captured.out, captured.err), *words)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dp.yaml"], "nothing is written"
 
 
