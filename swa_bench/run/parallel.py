@@ -175,10 +175,16 @@ def merge(per_rank: list[tuple[CaseResult, RankResult]], groups: ParallelGroups)
     return merged
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage error as one line and exit 2, like the CLI's (argparse prints the usage too)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m swa_bench.run.parallel", description=__doc__.split("\n\n")[0]
-    )
+    parser = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", type=Path)
     parser.add_argument("--out", type=Path, default=None,
                         help="run folder (rank 0 writes it); default reports/<name>-<UTC time>")
@@ -335,7 +341,9 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
     world = item.scenario.parallel.layout().world_size
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its banner
-    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    logger = logging.getLogger("torch.distributed")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # torchrun's failure report: the one line below instead
     options = torchrun.parse_args(["--nproc-per-node", str(world), "--standalone",
                                    "-m", "swa_bench.run.parallel", *argv])
     try:
@@ -347,6 +355,8 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"{PROG}: rank {rank} ended with exit code {failure.exitcode} (its output is "
                   "above)", file=sys.stderr)
         return code
+    finally:
+        logger.setLevel(level)
     return 0
 
 

@@ -84,6 +84,7 @@ def test_no_such_case_is_one_line_before_any_rank_starts(tmp_path, scenario):
     ((), {"SWA_BENCH_KERNELS": "cuda"}, ["environment: SWA_BENCH_KERNELS: "]),
     (("--out", "x" * 300), {}, ["--out: ", "longer than"]),
     (("--out", "dp.yaml"), {}, ["--out: is a file"]),
+    (("--disagree-rank", "one"), {}, ["--disagree-rank: invalid int value: 'one'"]),
 ])
 def test_bad_input_is_refused_by_the_launcher(tmp_path, scenario, monkeypatch, capsys, args,
                                              env, words):
@@ -95,10 +96,39 @@ def test_bad_input_is_refused_by_the_launcher(tmp_path, scenario, monkeypatch, c
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    code = parallel.main([str(scenario), *args])
+    try:
+        code = parallel.main([str(scenario), *args])
+    except SystemExit as exit_:  # argparse's usage errors leave this way
+        code = exit_.code
     captured = capsys.readouterr()
     assert_one_line_exit_2((code, captured.out, captured.err), *words)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dp.yaml"], "nothing is written"
+
+
+@pytest.mark.parametrize(("exitcode", "code", "lines"), [(1, 1, 0), (2, 2, 0), (-9, 137, 1),
+                                                         (3, 3, 1)])
+def test_a_failed_rank_ends_the_launcher_with_its_code_in_at_most_one_line(
+        tmp_path, scenario, monkeypatch, capsys, exitcode, code, lines):
+    """torchrun's ChildFailedError (a 40-line report and traceback) becomes the first failed
+    rank's exit code (a signal: 128 + its number); 1 (a check failed) and 2 (bad input, said by
+    rank 0) add no line, anything else one line naming the rank."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from swa_bench.run import parallel
+
+    def fail(options):
+        failure = ProcessFailure(local_rank=1, pid=1, exitcode=exitcode, error_file="<N/A>")
+        raise ChildFailedError("swa_bench.run.parallel", {1: failure})
+
+    monkeypatch.setattr(torchrun, "run", fail)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the launcher sets it: undone after
+    assert parallel.main([str(scenario)]) == code
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == lines and "Traceback" not in err, err
+    if lines:
+        assert f"rank 1 ended with exit code {exitcode}" in err
 
 
 def _ranks(pid: int) -> list[int]:
