@@ -9,6 +9,7 @@ code 2 (``FILE: path.to.field: message``), never a traceback, reported before an
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from typer.core import TyperGroup
 
 from swa_bench.scenario import (
     MAX_CASES,
+    MAX_CASES_LIMIT,
     Case,
     Scenario,
     ScenarioError,
@@ -96,6 +98,11 @@ class _OneLineErrors(TyperGroup):
         except BrokenPipeError:  # `swa-bench ... | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
+        except OSError as err:
+            if err.errno != errno.ENAMETOOLONG:  # a path no file system holds: bad input
+                raise
+            _say_error(f"{err.filename}: cannot use it ({err.strerror})")
+            sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -133,7 +140,8 @@ ScenarioFiles = Annotated[
                                show_default=False)
 ]
 MaxCases = Annotated[
-    int, typer.Option("--max-cases", min=1, help="Refuse sweeps that expand to more cases.")
+    int, typer.Option("--max-cases", min=1, max=MAX_CASES_LIMIT,
+                      help="Refuse sweeps that expand to more cases.")
 ]
 
 
@@ -415,8 +423,8 @@ def run(
         layout = scenario.parallel.layout()
         if layout.parallel:
             _say_error(f"{path}: parallel: dp x tp = {layout.world_size} processes; run it with "
-                       f"torchrun --nproc-per-node {layout.world_size} -m swa_bench.run.parallel "
-                       f"{path}")
+                       f"python -m swa_bench.run.parallel {path} (it starts the "
+                       f"{layout.world_size} ranks under torchrun's launcher)")
             raise typer.Exit(2)
     from swa_bench.results import load_results
     from swa_bench.run.folder import check_target

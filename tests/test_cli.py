@@ -162,8 +162,8 @@ def test_run_refuses_a_parallel_layout_with_the_torchrun_command():
     result = runner.invoke(app, ["run", path])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f"{path}: parallel: dp x tp = 2 processes; run it with torchrun --nproc-per-node 2 "
-        f"-m swa_bench.run.parallel {path}")
+        f"{path}: parallel: dp x tp = 2 processes; run it with python -m swa_bench.run.parallel "
+        f"{path} (it starts the 2 ranks under torchrun's launcher)")
 
 
 def test_run_without_scenario_dry_runs_the_smoke_scenario():

@@ -360,3 +360,85 @@ def test_control_characters_from_results_are_written_out(tmp_path):
     for text in (render_markdown(results), render_html(results)):
         assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned" in text
     assert printable("a\nb\tc\x9b\u202e") == "a\nb\tc\\x9b\\u202e"
+
+
+@pytest.mark.parametrize("command", ["run_out", "run_out_below", "report", "compare", "export"])
+def test_a_path_component_longer_than_the_file_system_allows(tmp_path, tiny_scenario, command):
+    """OSError 36 (ENAMETOOLONG) used to escape as a traceback; ``run --out a/LONG/b`` is
+    refused before ``a`` is made."""
+    long = "x" * 300
+    args = {"run_out": ["run", str(tiny_scenario), "--out", long],
+            "run_out_below": ["run", str(tiny_scenario), "--out", f"a/{long}/b"],
+            "report": ["report", long], "compare": ["compare", long, long],
+            "export": ["export", long]}[command]
+    proc = invoke.swa_bench(*args, cwd=tmp_path)
+    line = assert_one_line_exit_2(proc, long)
+    assert "too long" in line or "longer than" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.yaml"], "nothing is made"
+
+
+def _checkpoint(path: Path, *, dtype=None, model_args: str | None = None) -> None:
+    """The tiny preset's tensors saved with a tampered dtype or ``model_args`` metadata."""
+    from safetensors.torch import save_file
+
+    from swa_bench.model.args import PRESETS
+    from swa_bench.model.model import build_model
+
+    tensors = {k: v.clone() for k, v in build_model(PRESETS["tiny"], seed=0)[0].state_dict()
+               .items()}
+    if dtype is not None:
+        tensors["head.weight"] = tensors["head.weight"].to(dtype)
+    save_file(tensors, str(path),
+              metadata=None if model_args is None else {"model_args": model_args})
+
+
+@pytest.mark.parametrize(("what", "expected"), [
+    ("int8", "model.weights: tensor head.weight is I8; the model loads float weights only"),
+    ("not_json", "model.weights: checkpoint metadata model_args: not JSON"),
+    ("list", "model.weights: checkpoint metadata model_args: must be a JSON object of model "
+             "arguments, not list"),
+])
+def test_a_tampered_checkpoint_is_refused_naming_the_field(tmp_path, what, expected):
+    import torch
+
+    checkpoint = tmp_path / "w.safetensors"
+    _checkpoint(checkpoint, dtype=torch.int8 if what == "int8" else None,
+                model_args={"int8": None, "not_json": "{model", "list": "[64, 2]"}[what])
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ndevice: cpu\nmodel: {preset: tiny, weights: w.safetensors}\n"
+                        + BASE)
+    for command in COMMANDS:
+        proc = invoke.swa_bench(*command, str(scenario), cwd=tmp_path)
+        assert_one_line_exit_2(proc, f"{scenario}: {expected}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "w.safetensors"]
+
+
+@pytest.mark.parametrize(("text", "env", "expected"), [
+    ("model: {overrides: {dim: 65}}\n", {}, "model.overrides.dim: must be a multiple of 4 for "
+                                            "the experts' grouped GEMM in float32 on cpu"),
+    ("dtype: bfloat16\nmodel: {overrides: {moe_inter_dim: 36}}\n", {},
+     "model.overrides.moe_inter_dim: must be a multiple of 8"),
+    ("kernels: {backend: triton}\n", {"TRITON_INTERPRET": "0"},
+     "kernels.backend: backend triton needs CUDA (or TRITON_INTERPRET=1)"),
+    ("", {"SWA_BENCH_KERNELS": "triton", "TRITON_INTERPRET": "0"},
+     "kernels.backend: backend triton (SWA_BENCH_KERNELS) needs CUDA"),
+])
+@pytest.mark.parametrize("command", [*COMMANDS, ("check",)])
+def test_what_the_kernels_cannot_run_is_refused_up_front(tmp_path, text, env, expected,
+                                                         command):
+    """Each used to validate, then fail every case (``strides should be multiple of 16 bytes``,
+    ``backend triton needs CUDA``)."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ndevice: cpu\n" + text + BASE)
+    proc = invoke.swa_bench(*command, str(scenario), cwd=tmp_path, env=env)
+    assert_one_line_exit_2(proc, f"{scenario}: {expected}")
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
+
+
+def test_max_cases_cannot_be_raised_without_bound(corpus):
+    """``--max-cases 2000000000`` on the 10**9-case grid used to expand for minutes and
+    gigabytes: the option has a ceiling, refused as a usage error under the limits."""
+    args = (str(corpus / "huge_grid.yaml"), "--max-cases", "2000000000")
+    assert_one_line_exit_2(swa_bench("validate", *args), "--max-cases", "100000")
+    for command in (("run", "--dry-run"), ("check",)):  # the same option: refused unparsed
+        assert_one_line_exit_2(invoke.swa_bench(*command, *args), "--max-cases", "100000")

@@ -9,6 +9,8 @@ and the shared expert accumulated in fp32 and rounded once to the model dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,6 +49,27 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
         b = w.transpose(-2, -1)
         return torch._grouped_mm(x, b.contiguous() if cpu else b, offs=ends)
     return grouped_mm_dense(x, w, ends)
+
+
+GROUPED_MM_ALIGN_BYTES = 16  # torch._grouped_mm: "strides should be multiple of 16 bytes"
+
+
+def grouped_mm_problems(args: ModelArgs, device_type: str,
+                        dtype: torch.dtype) -> list[tuple[str, str]]:
+    """(field, message) for each width that ``torch._grouped_mm`` cannot take where ``grouped_mm``
+    calls it (CPU, and CUDA in bfloat16): the rows of ``x`` and ``w`` (``dim``, ``moe_inter_dim``
+    and its double) must be a multiple of 16 bytes long, or every case raises at its first MoE
+    layer. Empty elsewhere (the fallback takes any width) and for a model without routed
+    experts."""
+    if args.n_routed_experts == 0 or not (device_type == "cpu" or dtype == torch.bfloat16):
+        return []
+    size = torch.empty((), dtype=dtype).element_size()
+    step = GROUPED_MM_ALIGN_BYTES // math.gcd(GROUPED_MM_ALIGN_BYTES, size)
+    return [(field, f"must be a multiple of {step} for the experts' grouped GEMM in "
+                    f"{str(dtype).removeprefix('torch.')} on {device_type} (its rows must be "
+                    f"{GROUPED_MM_ALIGN_BYTES}-byte aligned), got {value}")
+            for field, value in (("dim", args.dim), ("moe_inter_dim", args.moe_inter_dim))
+            if value % step]
 
 
 def native_grouped_mm(x: torch.Tensor) -> bool:

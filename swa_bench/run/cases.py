@@ -50,11 +50,9 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
 
 def resolve_device(scenario: Scenario) -> torch.device:
     """``auto`` takes the GPU when there is one; asking for ``cuda`` without one is bad input."""
-    if scenario.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if scenario.device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError(scenario.source_path, "device", "cuda requested but no GPU is visible")
-    return torch.device(scenario.device)
+    return torch.device(scenario.device_type())
 
 
 class CaseRunner:

@@ -31,5 +31,7 @@ def export_command(run_dir: Path, out: Path | None, warn: Callable[[str], None])
             return text
         write_text_atomic(out, text)
     except OSError as err:
+        if out is None:  # the run directory itself (a name no file system holds)
+            raise CommandError(f"{run_dir}: cannot read: {err.strerror or err}") from None
         raise CommandError(f"{out}: --out: cannot write: {err.strerror or err}") from None
     return None

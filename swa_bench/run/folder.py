@@ -85,16 +85,38 @@ def plan_run_dirs(names: Sequence[str], files: Sequence[str | Path], out: Path |
 
 def check_target(path: Path, flag: str = "--out") -> None:
     """``path`` is, or can become, a folder: no file, dangling symlink, /proc-like or read-only
-    folder on the way. Creates nothing (creating and locking is ``claim``'s job)."""
+    folder on the way, no name longer than the file system allows (it would be found after the
+    folders above it were made). Creates nothing (creating and locking is ``claim``'s job)."""
+    limit = name_max(path)
+    for name in path.parts:
+        if len(os.fsencode(name)) > limit:
+            raise RunFolderError(path, f"{flag}: a folder name of {len(os.fsencode(name))} bytes "
+                                       f"({name[:16]}...) is longer than the {limit} the file "
+                                       "system allows")
+    try:
+        for part in [path, *path.parents]:
+            if part.is_symlink() and not part.exists():
+                raise RunFolderError(path, f"{flag}: {part} is a symlink to missing "
+                                           f"{part.readlink()}")
+            if part.exists():
+                if not part.is_dir():
+                    what = "is a file" if part == path else f"is under {part}, which is a file"
+                    raise RunFolderError(path, f"{flag}: {what}, not a folder")
+                return
+    except OSError as err:
+        raise RunFolderError(path, f"{flag}: cannot use it ({err.strerror or err})") from None
+
+
+def name_max(path: Path) -> int:
+    """The longest file name (bytes) the file system holding ``path``'s nearest existing folder
+    allows; 255 (Linux, macOS, NTFS) where it cannot say."""
     for part in [path, *path.parents]:
-        if part.is_symlink() and not part.exists():
-            raise RunFolderError(path, f"{flag}: {part} is a symlink to missing {part.readlink()}")
-        if part.exists():
-            if not part.is_dir():
-                what = "is a file" if part == path else f"is under {part}, which is a file"
-                raise RunFolderError(path, f"{flag}: {what}, not a folder")
-            return
-    return
+        try:
+            if part.is_dir():
+                return os.pathconf(part, "PC_NAME_MAX")
+        except (OSError, ValueError, AttributeError):
+            break
+    return 255
 
 
 def existing_run_problem(run_dir: Path, name: str, digest: str, *, resume: bool) -> str | None:

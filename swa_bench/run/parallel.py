@@ -1,5 +1,7 @@
-"""A scenario on several processes: ``torchrun --nproc-per-node N -m swa_bench.run.parallel
-SCENARIO [--out DIR]`` (N = dp x tp of the scenario's ``parallel`` layout).
+"""A scenario on several processes: ``python -m swa_bench.run.parallel SCENARIO [--out DIR]``
+starts torchrun's launcher with the dp x tp ranks of the scenario's ``parallel`` layout on this
+host (``torchrun --nproc-per-node N -m swa_bench.run.parallel ...`` runs the same ranks; only
+torchrun's own failure report then follows a rank's one line).
 
 Every rank builds the model (its TP/EP shard when tp > 1) and runs every case: E1-E5 on its own
 batch (a DP rank's batch is the case's requests dealt round-robin over the DP ranks), the checks
@@ -8,20 +10,29 @@ Rank 0 gathers every rank's results into one results.json (and the reports): ran
 every rank's checks (ids suffixed ``@rN`` beyond rank 0), each rank's route and time under
 ``parallel``. The results are started, finished and summarised by the functions ``swa-bench run``
 uses (``commands.new_results``, ``commands.finish``); only the per-rank table is this entry's.
+
+The run folder follows ``swa-bench run``'s rules (``run.folder``): bad input is refused before any
+rank starts, rank 0 claims and locks the folder (default ``reports/<name>-<UTC time>``; another
+run in it is refused without ``--resume`` or ``--overwrite``), results.json is saved after every
+case, so a killed run resumes with nothing lost, and the ranks die with torchrun's agent.
 The arguments stay argparse's: torchrun starts a module, not the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import shlex
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from swa_bench.bench.environment import capture_environment
+from swa_bench.bench.environment import capture_environment, scenario_hash
 from swa_bench.checks.parallel import check_dp, check_tp
 from swa_bench.engine.config import kernel_settings_from_environment
 from swa_bench.engine.step_inputs import StepInputs
@@ -29,10 +40,39 @@ from swa_bench.model.model import Transformer, build_model
 from swa_bench.parallel.agreement import DataParallelAgreement
 from swa_bench.parallel.collectives import ParallelGroups, init_from_env, make_groups
 from swa_bench.parallel.sharded import build_sharded_model
-from swa_bench.results import CaseResult, CheckResult, ParallelResult, RankResult
+from swa_bench.results import (
+    RESULTS_JSON,
+    CaseResult,
+    CheckResult,
+    ParallelResult,
+    RankResult,
+    ResultsError,
+    RunResults,
+    load_results,
+    save_results,
+)
 from swa_bench.run.cases import DTYPES, CaseRunner
-from swa_bench.run.commands import finish, load, new_results, ready
+from swa_bench.run.commands import (
+    LoadedScenario,
+    finish,
+    load,
+    new_results,
+    ready,
+    refuse_other_kernels,
+)
+from swa_bench.run.errors import CommandError
+from swa_bench.run.folder import (
+    Interrupted,
+    RunFolderError,
+    check_target,
+    claim,
+    plan_run_dirs,
+    utc_stamp,
+)
+from swa_bench.run.shards import die_with_parent
 from swa_bench.scenario import Case, Scenario, ScenarioError
+
+PROG = "python -m swa_bench.run.parallel"
 
 
 class ParallelCaseRunner(CaseRunner):
@@ -135,12 +175,23 @@ def merge(per_rank: list[tuple[CaseResult, RankResult]], groups: ParallelGroups)
     return merged
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="torchrun ... -m swa_bench.run.parallel", description=__doc__.split("\n\n")[0]
-    )
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage error as one line and exit 2, like the CLI's (argparse prints the usage too)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="run folder (rank 0 writes it)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run folder (rank 0 writes it); default reports/<name>-<UTC time>")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out (or the newest one of this scenario)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the run already in --out")
     parser.add_argument("--no-timing", action="store_true", help="the checks only")
     parser.add_argument(
         "--select", "-k", default=None, help="only the cases whose label or id contains this"
@@ -151,47 +202,162 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="test hook: this rank ignores the DP agreement (must be caught)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def validate(args: argparse.Namespace) -> LoadedScenario:
+    """Every check that needs no process group, as ``swa-bench run`` makes them: the
+    ``SWA_BENCH_*`` defaults, the flags, the scenario, --select, the --out path. Raises
+    ``CommandError`` (one line, exit 2); the same on every rank, and in the launcher."""
     try:
         kernel_settings_from_environment()  # a malformed SWA_BENCH_* default: refused up front
     except ValueError as err:
-        print(f"environment: {err}", file=sys.stderr)
-        return 2
+        raise CommandError(f"environment: {err}") from None
+    if args.resume and args.overwrite:
+        raise CommandError(f"{PROG}: --resume and --overwrite contradict each other; pick one")
     try:
         item = ready(load(args.scenario), args.select)
-    except ScenarioError as err:
-        print(err, file=sys.stderr)
-        return 2
-    scenario, cases = item.scenario, item.cases
+        if args.out is not None:
+            check_target(args.out)
+    except (ScenarioError, RunFolderError) as err:
+        raise CommandError(str(err)) from None
+    return item
+
+
+def _say(line: str) -> None:
+    """Bad input is said once, by rank 0 (every rank finds it)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Under torchrun: this rank's part of the run. Started directly: the launcher."""
+    args = parse_args(argv)
+    if "WORLD_SIZE" not in os.environ:
+        return launch(args, sys.argv[1:] if argv is None else argv)
+    die_with_parent(os.getppid())  # a killed torchrun leaves no rank writing the folder
+    try:
+        item = validate(args)
+    except CommandError as err:
+        _say(str(err))
+        return err.code
+    scenario = item.scenario
     device = init_from_env()
     try:
         groups = make_groups(scenario.parallel.layout())
     except ValueError as err:
-        print(f"{args.scenario}: parallel: {err}", file=sys.stderr)
+        _say(f"{args.scenario}: parallel: {err}")
         dist.destroy_process_group()
         return 2
+    try:
+        return run_ranks(args, item, groups, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(args: argparse.Namespace, item: LoadedScenario, groups: ParallelGroups,
+              device: torch.device) -> int:
+    """Rank 0 claims (checks, locks, resumes) the run folder as ``swa-bench run`` does
+    (``folder.claim``) and tells every rank the cases still to run; each finished case is
+    gathered, merged and saved by rank 0 before the next starts."""
+    scenario, rank0 = item.scenario, groups.rank == 0
     runner = ParallelCaseRunner(
         scenario, groups, device, disagree=args.disagree_rank == groups.rank
     )
-    environment = capture_environment(scenario.timing.threads)
-    environment["world_size"] = dist.get_world_size()
-    results = new_results(args.scenario, scenario, environment)
-    merged = []
-    for case in cases:
-        result = runner.run_case(case, timing=not args.no_timing)
-        share = rank_result(groups, result, runner.inputs(case, runner.model(case)))
-        gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (result, share))
-        merged.append(merge(gathered, groups))
-    code = 0 if all(c.outcome() == "pass" for c in merged) else 1
-    if groups.rank == 0:
-        out = args.out or Path("reports") / f"{scenario.name}-parallel"
-        out.mkdir(parents=True, exist_ok=True)
-        results.cases = merged
-        finish(results, scenario, out, Console())
-        print_table(merged)
-    dist.destroy_process_group()
-    return code
+    code: list = [None]
+    try:
+        with ExitStack() as stack:
+            verdict: list = [None, []]  # (refusal line, ids of the cases already done)
+            if rank0:
+                try:
+                    run_dir, results = claim_run(stack, args, item, runner)
+                    verdict[1] = [c.case_id for c in results.cases]
+                except (RunFolderError, ResultsError) as err:
+                    verdict[0] = str(err)
+            dist.broadcast_object_list(verdict, src=0)
+            if verdict[0] is not None:
+                _say(verdict[0])
+                return 2
+            done = set(verdict[1])
+            todo = [c for c in item.cases if c.case_id not in done]
+            if rank0 and done:
+                print(f"resuming {run_dir}: {len(done)} case(s) done, {len(todo)} to run")
+            for case in todo:
+                result = runner.run_case(case, timing=not args.no_timing)
+                share = rank_result(groups, result, runner.inputs(case, runner.model(case)))
+                gathered: list = [None] * dist.get_world_size()
+                dist.all_gather_object(gathered, (result, share))
+                if rank0:
+                    results.cases.append(merge(gathered, groups))
+                    results.cases.sort(key=lambda c: c.index)
+                    save_results(run_dir, results)
+            if rank0:
+                code[0] = 0 if all(c.outcome() == "pass" for c in results.cases) else 1
+                finish(results, scenario, run_dir, Console())
+                print_table(results.cases)
+    except Interrupted as err:
+        _say(str(err))
+        return 130
+    dist.broadcast_object_list(code, src=0)
+    return code[0]
+
+
+def claim_run(stack: ExitStack, args: argparse.Namespace, item: LoadedScenario,
+              runner: CaseRunner) -> tuple[Path, RunResults]:
+    """Rank 0's run folder, claimed and locked for the run (``stack``), and its results so far:
+    with --resume the earlier run's finished cases (an errored case runs again), else none."""
+    scenario, path = item.scenario, item.path
+    run_dir = plan_run_dirs([scenario.name], [path], args.out, resume=args.resume,
+                            stamp=utc_stamp())[0]
+    again = [PROG, str(path), *(["-k", args.select] if args.select else []),
+             "--out", str(run_dir), "--resume"]
+    stack.enter_context(claim([run_dir], [scenario.name], [scenario_hash(scenario.source_text)],
+                              resume=args.resume, overwrite=args.overwrite,
+                              resume_command=shlex.join(again)))
+    results = None
+    if args.resume and (run_dir / RESULTS_JSON).exists():
+        results = load_results(run_dir)
+        results.cases = [c for c in results.cases if c.status != "error"]
+        refuse_other_kernels(run_dir, results, item.cases, runner)
+    if results is None:
+        environment = capture_environment(scenario.timing.threads)
+        environment["world_size"] = dist.get_world_size()
+        results = new_results(path, scenario, environment)
+    return run_dir, results
+
+
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
+    """``python -m swa_bench.run.parallel SCENARIO``: the input checked here (one line, exit 2,
+    no process started), then torchrun's launcher in this process with the scenario's dp x tp
+    ranks on this host. A failed rank ends it with that rank's exit code and at most one line
+    (the ranks' own lines stay; torchrun's failure report and traceback are not printed)."""
+    try:
+        item = validate(args)
+    except CommandError as err:
+        print(err, file=sys.stderr)
+        return err.code
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    world = item.scenario.parallel.layout().world_size
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its banner
+    logger = logging.getLogger("torch.distributed")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # torchrun's failure report: the one line below instead
+    options = torchrun.parse_args(["--nproc-per-node", str(world), "--standalone",
+                                   "-m", "swa_bench.run.parallel", *argv])
+    try:
+        torchrun.run(options)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        if code not in (1, 2, 130):  # 1: a check failed, 2 / 130: said by rank 0 already
+            print(f"{PROG}: rank {rank} ended with exit code {failure.exitcode} (its output is "
+                  "above)", file=sys.stderr)
+        return code
+    finally:
+        logger.setLevel(level)
+    return 0
 
 
 def print_table(cases: list[CaseResult]) -> None:

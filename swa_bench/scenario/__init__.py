@@ -9,11 +9,12 @@ from swa_bench.scenario.loader import (
     scenario_from_text,
     shipped_scenarios,
 )
-from swa_bench.scenario.schema import MAX_CASES, Scenario
+from swa_bench.scenario.schema import MAX_CASES, MAX_CASES_LIMIT, Scenario
 from swa_bench.scenario.sweep import Case, case_id, count_cases, expand_cases
 
 __all__ = [
     "MAX_CASES",
+    "MAX_CASES_LIMIT",
     "Case",
     "Scenario",
     "ScenarioError",

@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
+import torch
 from annotated_types import Ge, Le, MinLen
 from pydantic import (
     AllowInfNan,
@@ -42,13 +43,15 @@ from swa_bench.engine.config import (
     EngineConfig,
     GraphMode,
     kernel_settings_from_environment,
+    resolve_kernels,
     trim_threshold_problem,
 )
 from swa_bench.graphs.capture_sizes import capture_sizes_problem
 from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
+from swa_bench.model.moe import grouped_mm_problems
 from swa_bench.model.requests import RequestSpec
-from swa_bench.model.weights import WeightsError, check_weights, read_weights
+from swa_bench.model.weights import WeightsError, check_weights, read_header
 from swa_bench.model.weights import resolve as resolve_weights
 from swa_bench.parallel.layout import ParallelLayout, layout_problems
 from swa_bench.replay.row_selection import Policy
@@ -65,6 +68,9 @@ ScenarioName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9
                                                 max_length=100)]
 Seed = Annotated[int, Ge(0), Le(2**63 - 1)]  # torch.Generator.manual_seed's range
 MAX_CASES = 1000
+# The most --max-cases may raise it to: each expanded case holds its resolved scenario (~13 KB),
+# so a 10**9-case grid under --max-cases 2000000000 would expand for minutes and gigabytes.
+MAX_CASES_LIMIT = 100_000
 
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -412,7 +418,7 @@ class Scenario(_Strict):
             return model_problems
         args = self.model_args()
         window = args.window
-        out: list[Problem] = self._tasks_problems(args)
+        out: list[Problem] = self._kernel_problems(args) + self._tasks_problems(args)
         if self.trim_threshold is not None and (
                 problem := trim_threshold_problem(self.trim_threshold, window)):
             out.append((("trim_threshold",), problem))
@@ -451,6 +457,35 @@ class Scenario(_Strict):
             out += self._decode_reserve_problems(args)
         return out
 
+    def device_type(self) -> str:
+        """Where the cases run: ``auto`` takes the GPU when one is visible (the one rule;
+        ``run.cases.resolve_device`` refuses ``cuda`` without one)."""
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def _kernel_problems(self, args: ModelArgs) -> list[Problem]:
+        """What the kernels cannot run here: a triton backend without CUDA or Triton's
+        interpreter, widths the experts' grouped GEMM cannot take. Both would fail every case."""
+        out: list[Problem] = []
+        for field, message in grouped_mm_problems(args, self.device_type(),
+                                                  getattr(torch, self.dtype)):
+            where = "overrides" if field in self.model.overrides else "preset"
+            out.append((("model", where, field) if where == "overrides" else ("model", where),
+                        message if where == "overrides" else f"{field} {message}"))
+        try:
+            settings = self.kernel_settings()
+        except ValueError:  # a malformed SWA_BENCH_* default: each entry point refuses it first
+            return out
+        try:
+            resolve_kernels(settings, self.device_type())
+        except ValueError as err:
+            reason = str(err).removeprefix("kernels: ")
+            if self.kernels.backend is None:  # the backend came from the environment
+                reason = reason.replace("backend triton", "backend triton (SWA_BENCH_KERNELS)", 1)
+            out.append((("kernels", "backend"), reason))
+        return out
+
     def weights_path(self) -> Path | None:
         if self.model.weights is None:
             return None
@@ -463,7 +498,7 @@ class Scenario(_Strict):
         if path is None:
             return []
         try:
-            check_weights(self.model_args(), *read_weights(path))
+            check_weights(self.model_args(), read_header(path))
         except WeightsError as err:
             return [(("model", "weights"), str(err))]
         return []
