@@ -81,6 +81,37 @@ class Approximation(_Strict):
     continuation_steps: int
 
 
+class PromptStep(_Strict):
+    """One step of a chunked prompt: its chunk, the rows the timed replay step kept, the route
+    it took, and each path's time (every sample: one per repetition of the whole prompt)."""
+
+    index: int
+    cached_len: int
+    query_len: int
+    tokens: int  # the step's rows: the chunk and the decode rows beside it
+    kept_rows: int | None = None  # the timed replay step's plan; None: not timed
+    replay_route: str | None = None
+    reference: TimingStats | None = None
+    replay: TimingStats | None = None
+
+
+class PromptResult(_Strict):
+    """A whole prompt prefilled in chunks (``workload.prompts``). ``ttft``: per repetition the
+    sum of its chunk steps and the first decode (the samples add up sample by sample);
+    ``tokens_per_s``: the prompt's length over the median TTFT; ``approximation``: the replay
+    after the last chunk against the full prefill run in the same chunks."""
+
+    length: int
+    chunk_size: int
+    decodes_beside: int
+    steps: list[PromptStep]
+    first_decode: CaseTiming | None = None
+    ttft: CaseTiming | None = None
+    tokens_per_s: dict[str, float] = {}
+    speedup: float | None = None  # TTFT reference / replay, medians
+    approximation: Approximation | None = None
+
+
 class RankResult(_Strict):
     """One rank's share of a parallel case: its batch and the route its timed replay step took."""
 
@@ -173,6 +204,7 @@ class CaseResult(_Strict):
     approximation: Approximation | None = None
     parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
     tasks: TaskResults | None = None
+    prompts: list[PromptResult] = []  # a prompt case's prompts (its timing is theirs, per step)
 
     def outcome(self) -> Verdict:
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""
