@@ -220,6 +220,32 @@ def task_table(results: RunResults) -> Table | None:
     return table
 
 
+def ttft_tables(results: RunResults) -> list[Table]:
+    """Prompt cases: TTFT per prompt and policy (median ms of each path, speedup, tokens/s),
+    then the approximation after each prompt's last chunk; none without prompt cases."""
+    rows = tables.ttft_rows(results)
+    if not rows:
+        return []
+    ttft = _table(f"{escape(results.scenario_name)}: time to first token")
+    for header in ("policy", "prompt", "steps", "TTFT ref", "TTFT replay", "speedup",
+                   "tok/s ref / replay"):
+        ttft.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
+                        no_wrap=True)
+    approx = _table(f"{escape(results.scenario_name)}: after the last chunk vs full prefill")
+    for header in ("policy", "prompt", "logits max abs", "KL", "top-1", "greedy"):
+        approx.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
+                          no_wrap=True)
+    for r in rows:
+        ttft.add_row(escape(r.policy), escape(r.prompt), r.steps, r.reference_ms, r.replay_ms,
+                     r.speedup, r.tokens_per_s)
+        approx.add_row(escape(r.policy), escape(r.prompt), r.logits_max_abs, r.kl, r.top1,
+                       r.greedy)
+    ttft.caption = ("ms: medians of the chunk steps plus the first decode, over repetitions "
+                    "of the whole prompt; tok/s: length / TTFT")
+    ttft.caption_justify = "left"
+    return [ttft] + ([approx] if any(r.logits_max_abs != tables.MISSING for r in rows) else [])
+
+
 def headline_table(results: RunResults) -> Table | None:
     """What a reader wants first: per graph mode and policy the speedup (median, range over its
     cases), its efficiency against the FLOP ideal, and the verdict."""
@@ -245,7 +271,10 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
     headline = headline_table(results)
     if headline is not None:
         print_table(console, headline)
-    print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
+    if any(not c.prompts for c in results.cases):
+        print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
+    for table in ttft_tables(results):
+        print_table(console, table)
     tasks = task_table(results)
     if tasks is not None:
         print_table(console, tasks)
