@@ -227,8 +227,8 @@ def ttft_tables(results: RunResults) -> list[Table]:
     if not rows:
         return []
     ttft = _table(f"{escape(results.scenario_name)}: time to first token")
-    for header in ("policy", "prompt", "steps", "TTFT ref", "TTFT replay", "speedup",
-                   "tok/s ref / replay"):
+    for header in ("policy", "prompt", "chunks", "TTFT ref", "replay", "speedup",
+                   "tok/s ref/rep"):
         ttft.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
                         no_wrap=True)
     approx = _table(f"{escape(results.scenario_name)}: after the last chunk vs full prefill")
@@ -236,14 +236,22 @@ def ttft_tables(results: RunResults) -> list[Table]:
         approx.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
                           no_wrap=True)
     for r in rows:
-        ttft.add_row(escape(r.policy), escape(r.prompt), r.steps, r.reference_ms, r.replay_ms,
-                     r.speedup, r.tokens_per_s)
+        ref, rep = (r.ttft.reference, r.ttft.replay) if r.ttft else (None, None)
+        ttft.add_row(escape(r.policy), escape(r.prompt), r.steps, _median_cell(ref),
+                     _median_cell(rep), r.speedup, r.tokens_per_s.replace(" / ", "/"))
         approx.add_row(escape(r.policy), escape(r.prompt), r.logits_max_abs, r.kl, r.top1,
                        r.greedy)
-    ttft.caption = ("ms: medians of the chunk steps plus the first decode, over repetitions "
-                    "of the whole prompt; tok/s: length / TTFT")
+    ttft.caption = ("TTFT ms: median over repetitions of the whole prompt of its chunk steps "
+                    "plus the first decode (~ unstable); prompt: length/chunk (+Nd: N decode "
+                    "rows beside each chunk); tok/s: length / TTFT; every step's figures are "
+                    "in results.json and report.md")
     ttft.caption_justify = "left"
     return [ttft] + ([approx] if any(r.logits_max_abs != tables.MISSING for r in rows) else [])
+
+
+def _median_cell(stats: TimingStats | None) -> str:
+    return tables.MISSING if stats is None else _ms(stats.median_ms) + (" ~" if stats.noisy
+                                                                        else "")
 
 
 def headline_table(results: RunResults) -> Table | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from swa_bench.results import (
     CaseResult,
+    CaseTiming,
     CheckResult,
     Diagnostic,
     RunResults,
@@ -302,6 +303,7 @@ class TtftRow:
     top1: str
     greedy: str
     outcome: str
+    ttft: CaseTiming | None = None  # the raw figures, for renderers that format their own
 
 
 def ttft_rows(results: RunResults) -> list[TtftRow]:
@@ -326,7 +328,7 @@ def ttft_rows(results: RunResults) -> list[TtftRow]:
             top1=fmt_share(approx.top1_agreement if approx else None),
             greedy=(f"{fmt_share(approx.greedy_agreement)} over {approx.continuation_steps}"
                     if approx else MISSING),
-            outcome=case.outcome()))
+            outcome=case.outcome(), ttft=ttft))
     return rows
 
 
