@@ -302,7 +302,7 @@ def cases_table(path: Path, scenario: Scenario, cases: list[Case]) -> Table:
     for case in cases:
         values = [str(case.params[p]) for p in swept]
         table.add_row(str(case.index), case.case_id, case.label(), *values,
-                      str(case.num_tokens()), str(len(case.requests())))
+                      str(case.num_tokens()), str(case.num_requests()))
     return table
 
 

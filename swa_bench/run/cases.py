@@ -55,7 +55,7 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
         case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
         status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
         trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
-        num_requests=len(case.requests()), batch="",
+        num_requests=case.num_requests(), batch="",
     )
 
 
@@ -263,7 +263,6 @@ class CaseRunner:
                                  + (f" + {p.decodes_beside} decodes" if p.decodes_beside else "")
                                  for p in prompts)
         result.batch_shape = "chunked prompt"
-        result.num_requests = sum(1 + p.decodes_beside for p in prompts)
         halo = dict(halo_align=sc.halo_align, kernels=config.kernels)
         for prompt in prompts:
             name = f"prompt {prompt.length}/{prompt.chunk_size}"

@@ -53,6 +53,11 @@ class Case:
     def trim_threshold(self) -> int:
         return self.engine_config().trim_threshold
 
+    def num_requests(self) -> int:
+        """The step's requests; a prompt case's: its prompts and the decode rows beside them."""
+        prompts = sum(1 + p.decodes_beside for p in self.scenario.workload.prompts)
+        return prompts + len(self.requests())
+
     def num_tokens(self) -> int:
         """The step's rows; a prompt case's: its prompts' tokens."""
         prompts = sum(p.length for p in self.scenario.workload.prompts)
