@@ -1,4 +1,4 @@
-"""The results of one run as data: results.json's models (schema_version 3) and their tallies.
+"""The results of one run as data: results.json's models (schema_version 4) and their tallies.
 
 Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
 of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+# Version 3 is version 4 without each case's ``prompts`` (read as []: a step case).
 # Version 2 is version 3 without the tool's version and the advice's ``decided`` (read as None
 # and True); version 1 is version 2 without each case's ``kernels`` (read as None: not recorded).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
 
 CaseStatus = Literal["ok", "failed", "error"]
@@ -228,7 +229,7 @@ class ThresholdAdvice(_Strict):
 
 
 class RunResults(_Strict):
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     swa_bench_version: str | None = None  # the tool that wrote the file; None: not recorded
     scenario_name: str
     scenario_file: str | None
