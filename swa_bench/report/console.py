@@ -235,11 +235,13 @@ def ttft_tables(results: RunResults) -> list[Table]:
     for header in ("policy", "prompt", "logits max abs", "KL", "top-1", "greedy"):
         approx.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
                           no_wrap=True)
+    modes = len({r.graph_mode for r in rows}) > 1  # then a policy alone names no row
     for r in rows:
         ref, rep = (r.ttft.reference, r.ttft.replay) if r.ttft else (None, None)
-        ttft.add_row(escape(r.policy), escape(r.prompt), r.steps, _median_cell(ref),
+        policy = f"{r.graph_mode}/{r.policy}" if modes else r.policy
+        ttft.add_row(escape(policy), escape(r.prompt), r.steps, _median_cell(ref),
                      _median_cell(rep), r.speedup, r.tokens_per_s.replace(" / ", "/"))
-        approx.add_row(escape(r.policy), escape(r.prompt), r.logits_max_abs, r.kl, r.top1,
+        approx.add_row(escape(policy), escape(r.prompt), r.logits_max_abs, r.kl, r.top1,
                        r.greedy)
     ttft.caption = ("TTFT ms: median over repetitions of the whole prompt of its chunk steps "
                     "plus the first decode (~ unstable); prompt: length/chunk (+Nd: N decode "

@@ -291,6 +291,7 @@ class TtftRow:
     what replay did to its answer after the last chunk."""
 
     case: str
+    graph_mode: str
     policy: str
     prompt: str  # "length/chunk_size" (+ decodes beside)
     steps: str
@@ -317,7 +318,8 @@ def ttft_rows(results: RunResults) -> list[TtftRow]:
         rates = [p.tokens_per_s.get(name) for name in ("reference", "replay")]
         beside = f" +{p.decodes_beside}d" if p.decodes_beside else ""
         rows.append(TtftRow(
-            case=case.label, policy=case.policy, prompt=f"{p.length}/{p.chunk_size}{beside}",
+            case=case.label, graph_mode=case.graph_mode, policy=case.policy,
+            prompt=f"{p.length}/{p.chunk_size}{beside}",
             steps=str(len(p.steps)),
             reference_ms=fmt_ms(ttft.reference if ttft else None),
             replay_ms=fmt_ms(ttft.replay if ttft else None), speedup=fmt_ratio(p.speedup),

@@ -69,7 +69,9 @@ class Case:
         s = self.scenario
         parts = [s.graph_mode, s.policy, f"T={self.num_tokens()}"]
         if s.workload.prompts:  # a prompt case: T is its prompts' tokens, in these chunks
-            parts.append("chunks=" + ",".join(str(p.chunk_size) for p in s.workload.prompts))
+            parts.append("chunks=" + ",".join(
+                f"{p.chunk_size}" + (f"+{p.decodes_beside}d" if p.decodes_beside else "")
+                for p in s.workload.prompts))
         others = [p for p in self.params
                   if p not in ("graph_mode", "policy") and not p.startswith("workload")]
         leaves = [p.rsplit(".", 1)[-1] for p in others]

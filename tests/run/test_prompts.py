@@ -54,7 +54,7 @@ def test_a_prompt_case_checks_every_chunk_and_times_both_paths(ran):
                                                   if not c.passed])
     assert [c.id for c in result.checks] == ["E1", "E1", "E1", "E2", "approximation.S+1",
                                              "approximation", "E3", "E5"]
-    assert result.label == "piecewise/halo/T=60/chunks=24"
+    assert result.label == "piecewise/halo/T=60/chunks=24+1d"
     assert (result.tokens, result.num_requests, result.timing) == (60, 2, None)
     (prompt,) = result.prompts
     assert [(s.cached_len, s.query_len, s.tokens) for s in prompt.steps] == [
@@ -74,7 +74,7 @@ def test_a_prompt_case_round_trips_and_reports_its_ttft(ran):
     assert again.cases[0].prompts == result.prompts
     markdown = render_markdown(again)
     assert "## Time to first token (whole prompts in chunks)" in markdown
-    assert "| piecewise/halo/T=60/chunks=24 | 60/24 +1d" in markdown
+    assert "| piecewise/halo/T=60/chunks=24+1d | 60/24 +1d" in markdown
     assert "### Prompt steps" in markdown and "[48, 60)" in markdown
     out = io.StringIO()
     print_run_summary(Console(file=out, width=80), again, run_dir=".")
