@@ -340,7 +340,7 @@ def cases_table(path: Path, scenario: Scenario, cases: list[Case]) -> Table:
     for case, guess in zip(cases, estimates, strict=True):
         values = [str(case.params[p]) for p in swept]
         table.add_row(str(case.index), case.case_id, case.label(), *values,
-                      str(case.num_tokens()), str(len(case.requests())),
+                      str(case.num_tokens()), str(case.num_requests()),
                       format_duration(guess.seconds))
     table.caption = (f"est.: estimated duration, {rate.basis}: the full step's FLOPs (FLOP model) "
                      f"at that rate plus the layers' overhead, times 2 x (warmup + iters) timed "

@@ -6,6 +6,7 @@ Pass/fail only where a scenario sets a bound: the figures themselves are what a 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -13,6 +14,7 @@ from swa_bench.checks import oracle
 from swa_bench.checks.comparison import Tolerance, check_result, compare, envelope_tolerance
 from swa_bench.checks.equivalence import _last_rows, _last_tokens, decode, engines
 from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
@@ -55,15 +57,27 @@ def measure(
     out = bounded.step(workload.requests, workload.step_tokens, idx)
     ref = full.reference_step(workload.requests, workload.step_tokens, idx)
     first_kv = _first_decoder_kv(bounded, full, workload, policy, halo_align)
-    a, b = _last_rows(out).double(), _last_rows(ref).double()
+    return compare_after(bounded, full, out, ref, workload, continuation_steps), first_kv
+
+
+def compare_after(
+    bounded: Engine, full: Engine, out: StepOutput, ref: StepOutput, workload: StepInputs,
+    continuation_steps: int, requests: Sequence[int] | None = None,
+) -> Approximation:
+    """The approximation figures of one step both engines ran (``out``: the replay's, ``ref``:
+    the full prefill's, from caches that held the same context): last-token logits, window KV
+    per decoder layer, then ``continuation_steps`` greedy decode steps on both (which move
+    their caches on). ``requests``: the batch positions that count (default every one)."""
+    counted = list(range(len(workload.requests))) if requests is None else list(requests)
+    a, b = _last_rows(out).double()[counted], _last_rows(ref).double()[counted]
     log_p, log_q = torch.log_softmax(b, -1), torch.log_softmax(a, -1)
     kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
     top1 = float((a.argmax(-1) == b.argmax(-1)).double().mean())
-    args = model.args
+    args = bounded.args
     rel = []
     for layer in range(args.last_kv_source + 1, args.n_layers):
         num = den = 0.0
-        for i in workload.indices:
+        for i in [workload.indices[j] for j in counted]:
             x = bounded.cache.ring_window(layer, i).double()
             y = full.cache.ring_window(layer, i).double()
             num += float((x - y).pow(2).sum())
@@ -73,8 +87,8 @@ def measure(
     tok_a = _last_tokens(out, out.logits.argmax(-1).tolist())
     tok_b = _last_tokens(ref, ref.logits.argmax(-1).tolist())
     for step in range(continuation_steps):
-        agree += sum(x == y for x, y in zip(tok_a, tok_b, strict=True))
-        total += len(tok_a)
+        agree += sum(tok_a[j] == tok_b[j] for j in counted)
+        total += len(counted)
         oa, ob = decode(bounded, workload, step, tok_a), decode(full, workload, step, tok_b)
         tok_a, tok_b = oa.logits.argmax(-1).tolist(), ob.logits.argmax(-1).tolist()
     return Approximation(
@@ -84,7 +98,7 @@ def measure(
         window_kv_rel_error=rel,
         greedy_agreement=agree / total if total else 1.0,
         continuation_steps=continuation_steps,
-    ), first_kv
+    )
 
 
 def check_first_decoder_kv(

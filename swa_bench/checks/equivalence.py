@@ -284,11 +284,30 @@ def check_e1(
     steps. Within the envelope: the oracle's kept rows, logits and caches against the full-batch
     bounded reference (decoder windows cut at the oracle's kept starts), within ``tol``
     (default: the envelope)."""
-    policy = "bounded" if config.policy == "full" else config.policy
-    config = dataclasses.replace(config, policy=policy)
-    dtype = model.embed.weight.dtype
+    config = e1_config(config)
     with check_precision():
         eng = prepared(_source(model, engines)(config), workload)
+        return check_e1_carried(eng, workload, decode_steps=decode_steps, tol=tol)
+
+
+def e1_config(config: EngineConfig) -> EngineConfig:
+    """The configuration E1 checks: the case's, bounded where the case's policy is full (full
+    replays nothing, so E1 checks the bounded replay of its mode)."""
+    return dataclasses.replace(config, policy="bounded" if config.policy == "full"
+                               else config.policy)
+
+
+def check_e1_carried(
+    eng: Engine, workload: StepInputs, *, decode_steps: int,
+    tol: Tolerance | Allowance = ENVELOPE,
+) -> CheckResult:
+    """E1 of ``workload``'s step on ``eng``'s caches as they are (``check_e1`` fills them with
+    the context first; a chunked prompt's earlier steps leave them): ``eng`` runs the step, then
+    ``decode_steps`` decode steps. The oracle and the bounded reference start from copies of the
+    same caches."""
+    policy, model = eng.config.policy, eng.model
+    dtype = model.embed.weight.dtype
+    with check_precision():
         pristine = twin_of(eng)
         reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
         checked = _step_against_oracle("", eng, reqs, toks, idx)

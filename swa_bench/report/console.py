@@ -246,6 +246,42 @@ def task_table(results: RunResults) -> Table | None:
     return table
 
 
+def ttft_tables(results: RunResults) -> list[Table]:
+    """Prompt cases: TTFT per prompt and policy (median ms of each path, speedup, tokens/s),
+    then the approximation after each prompt's last chunk; none without prompt cases."""
+    rows = tables.ttft_rows(results)
+    if not rows:
+        return []
+    ttft = _table(f"{escape(results.scenario_name)}: time to first token")
+    for header in ("policy", "prompt", "chunks", "TTFT ref", "replay", "speedup",
+                   "tok/s ref/rep"):
+        ttft.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
+                        no_wrap=True)
+    approx = _table(f"{escape(results.scenario_name)}: after the last chunk vs full prefill")
+    for header in ("policy", "prompt", "logits max abs", "KL", "top-1", "greedy"):
+        approx.add_column(header, justify="left" if header in ("policy", "prompt") else "right",
+                          no_wrap=True)
+    modes = len({r.graph_mode for r in rows}) > 1  # then a policy alone names no row
+    for r in rows:
+        ref, rep = (r.ttft.reference, r.ttft.replay) if r.ttft else (None, None)
+        policy = f"{r.graph_mode}/{r.policy}" if modes else r.policy
+        ttft.add_row(escape(policy), escape(r.prompt), r.steps, _median_cell(ref),
+                     _median_cell(rep), r.speedup, r.tokens_per_s.replace(" / ", "/"))
+        approx.add_row(escape(policy), escape(r.prompt), r.logits_max_abs, r.kl, r.top1,
+                       r.greedy)
+    ttft.caption = ("TTFT ms: median over repetitions of the whole prompt of its chunk steps "
+                    "plus the first decode (~ unstable); prompt: length/chunk (+Nd: N decode "
+                    "rows beside each chunk); tok/s: length / TTFT; every step's figures are "
+                    "in results.json and report.md")
+    ttft.caption_justify = "left"
+    return [ttft] + ([approx] if any(r.logits_max_abs != tables.MISSING for r in rows) else [])
+
+
+def _median_cell(stats: TimingStats | None) -> str:
+    return tables.MISSING if stats is None else _ms(stats.median_ms) + (" ~" if stats.noisy
+                                                                        else "")
+
+
 def headline_table(results: RunResults) -> Table | None:
     """What a reader wants first: per graph mode and policy the speedup (median, range over its
     cases), its efficiency against the FLOP ideal, and the verdict."""
@@ -271,7 +307,10 @@ def print_run_summary(console: Console, results: RunResults, run_dir: Path) -> N
     headline = headline_table(results)
     if headline is not None:
         print_table(console, headline)
-    print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
+    if any(not c.prompts for c in results.cases):
+        print_fitted(console, lambda compact: latency_table(results, compact), results.cases)
+    for table in ttft_tables(results):
+        print_table(console, table)
     tasks = task_table(results)
     if tasks is not None:
         print_table(console, tasks)

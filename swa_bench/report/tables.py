@@ -10,6 +10,7 @@ from typing import Any
 
 from swa_bench.results import (
     CaseResult,
+    CaseTiming,
     CheckResult,
     Diagnostic,
     RunResults,
@@ -281,6 +282,73 @@ def approximation_rows(results: RunResults) -> list[ApproximationRow]:
             kl=fmt_number(approx.kl), top1=fmt_share(approx.top1_agreement),
             greedy=f"{fmt_share(approx.greedy_agreement)} over {approx.continuation_steps} steps",
             worst_layer_error=worst))
+    return rows
+
+
+@dataclass(frozen=True)
+class TtftRow:
+    """One prompt of a prompt case: how long its chunks and first decode took on each path, and
+    what replay did to its answer after the last chunk."""
+
+    case: str
+    graph_mode: str
+    policy: str
+    prompt: str  # "length/chunk_size" (+ decodes beside)
+    steps: str
+    reference_ms: str
+    replay_ms: str
+    speedup: str
+    tokens_per_s: str  # reference / replay
+    logits_max_abs: str
+    kl: str
+    top1: str
+    greedy: str
+    outcome: str
+    ttft: CaseTiming | None = None  # the raw figures, for renderers that format their own
+
+
+def ttft_rows(results: RunResults) -> list[TtftRow]:
+    """Every prompt of every prompt case, ordered by (prompt, chunk, graph mode, case order):
+    the policies of one prompt side by side."""
+    found = [(case, prompt) for case in results.cases for prompt in case.prompts]
+    found.sort(key=lambda cp: (cp[1].length, cp[1].chunk_size, cp[0].graph_mode, cp[0].index))
+    rows = []
+    for case, p in found:
+        ttft, approx = p.ttft, p.approximation
+        rates = [p.tokens_per_s.get(name) for name in ("reference", "replay")]
+        beside = f" +{p.decodes_beside}d" if p.decodes_beside else ""
+        rows.append(TtftRow(
+            case=case.label, graph_mode=case.graph_mode, policy=case.policy,
+            prompt=f"{p.length}/{p.chunk_size}{beside}",
+            steps=str(len(p.steps)),
+            reference_ms=fmt_ms(ttft.reference if ttft else None),
+            replay_ms=fmt_ms(ttft.replay if ttft else None), speedup=fmt_ratio(p.speedup),
+            tokens_per_s=(" / ".join(f"{r:.4g}" for r in rates) if None not in rates
+                          else MISSING),
+            logits_max_abs=fmt_number(approx.logits_max_abs if approx else None),
+            kl=fmt_number(approx.kl if approx else None),
+            top1=fmt_share(approx.top1_agreement if approx else None),
+            greedy=(f"{fmt_share(approx.greedy_agreement)} over {approx.continuation_steps}"
+                    if approx else MISSING),
+            outcome=case.outcome(), ttft=ttft))
+    return rows
+
+
+def prompt_step_rows(results: RunResults) -> list[tuple[str, ...]]:
+    """Every step of every prompt: (case, prompt, step, chunk positions, rows, kept rows,
+    reference ms, replay ms, route)."""
+    rows = []
+    for case in results.cases:
+        for p in case.prompts:
+            for s in p.steps:
+                rows.append((case.label, f"{p.length}/{p.chunk_size}", str(s.index),
+                             f"[{s.cached_len}, {s.cached_len + s.query_len})", str(s.tokens),
+                             MISSING if s.kept_rows is None else str(s.kept_rows),
+                             fmt_ms(s.reference), fmt_ms(s.replay), one_line(s.replay_route)))
+            if p.first_decode is not None:
+                rows.append((case.label, f"{p.length}/{p.chunk_size}", "first decode", "",
+                             str(1 + p.decodes_beside), "", fmt_ms(p.first_decode.reference),
+                             fmt_ms(p.first_decode.replay), ""))
     return rows
 
 

@@ -1,4 +1,4 @@
-"""The results of one run as data: results.json's models (schema_version 3) and their tallies.
+"""The results of one run as data: results.json's models (schema_version 4) and their tallies.
 
 Every model forbids unknown keys, so a results file written by a newer schema fails loudly instead
 of being half-read. Non-finite floats (a relative error against an exact zero is +inf) are written
@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+# Version 3 is version 4 without each case's ``prompts`` (read as []: a step case).
 # Version 2 is version 3 without the tool's version and the advice's ``decided`` (read as None
 # and True); version 1 is version 2 without each case's ``kernels`` (read as None: not recorded).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 TIMED_PATHS = ("reference", "replay")  # CaseTiming's two timed paths, in report order
 
 CaseStatus = Literal["ok", "failed", "error"]
@@ -79,6 +80,37 @@ class Approximation(_Strict):
     window_kv_rel_error: list[float]  # per decoder layer, in depth order
     greedy_agreement: float
     continuation_steps: int
+
+
+class PromptStep(_Strict):
+    """One step of a chunked prompt: its chunk, the rows the timed replay step kept, the route
+    it took, and each path's time (every sample: one per repetition of the whole prompt)."""
+
+    index: int
+    cached_len: int
+    query_len: int
+    tokens: int  # the step's rows: the chunk and the decode rows beside it
+    kept_rows: int | None = None  # the timed replay step's plan; None: not timed
+    replay_route: str | None = None
+    reference: TimingStats | None = None
+    replay: TimingStats | None = None
+
+
+class PromptResult(_Strict):
+    """A whole prompt prefilled in chunks (``workload.prompts``). ``ttft``: per repetition the
+    sum of its chunk steps and the first decode (the samples add up sample by sample);
+    ``tokens_per_s``: the prompt's length over the median TTFT; ``approximation``: the replay
+    after the last chunk against the full prefill run in the same chunks."""
+
+    length: int
+    chunk_size: int
+    decodes_beside: int
+    steps: list[PromptStep]
+    first_decode: CaseTiming | None = None
+    ttft: CaseTiming | None = None
+    tokens_per_s: dict[str, float] = {}
+    speedup: float | None = None  # TTFT reference / replay, medians
+    approximation: Approximation | None = None
 
 
 class RankResult(_Strict):
@@ -178,6 +210,7 @@ class CaseResult(_Strict):
     approximation: Approximation | None = None
     parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
     tasks: TaskResults | None = None
+    prompts: list[PromptResult] = []  # a prompt case's prompts (its timing is theirs, per step)
 
     def outcome(self) -> Verdict:
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""
@@ -201,7 +234,7 @@ class ThresholdAdvice(_Strict):
 
 
 class RunResults(_Strict):
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     swa_bench_version: str | None = None  # the tool that wrote the file; None: not recorded
     scenario_name: str
     scenario_file: str | None

@@ -18,12 +18,15 @@ from collections.abc import Callable, Iterator
 import torch
 
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
+from swa_bench.bench.prompts import prompt_result, time_prompt
 from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
 from swa_bench.checks import equivalence
+from swa_bench.checks import prompts as prompt_checks
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.checks.tasks import TaskRun, TaskSettings, agreement_check, run_tasks
 from swa_bench.checks.tolerance import Allowance
+from swa_bench.engine.chunked_prompt import ChunkedPrompt
 from swa_bench.engine.config import EngineConfig, resolve_kernels
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
@@ -32,8 +35,16 @@ from swa_bench.model.model import Transformer, build_model
 from swa_bench.model.weights import load_weights
 from swa_bench.results import CaseResult, CaseStatus, CheckResult, KernelRecord
 from swa_bench.scenario import Case, Scenario, ScenarioError
+from swa_bench.scenario.schema import PromptEntry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _finished(result: CaseResult) -> CaseResult:
+    """``result`` failed where a check failed."""
+    if any(not c.passed for c in result.checks):
+        result.status = "failed"
+    return result
 
 
 def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> CaseResult:
@@ -44,7 +55,7 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
         case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
         status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
         trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
-        num_requests=len(case.requests()), batch="",
+        num_requests=case.num_requests(), batch="",
     )
 
 
@@ -161,17 +172,19 @@ class CaseRunner:
         return list(self.iter_checks(case, model, inputs))
 
     def iter_checks(
-        self, case: Case, model: Transformer, inputs: StepInputs
+        self, case: Case, model: Transformer, inputs: StepInputs,
+        skip: frozenset[str] | set[str] = frozenset(),
     ) -> Iterator[CheckResult]:
-        """E1-E5 one by one, each run when asked for. E1, E2 and E5 run the engine of the case's
+        """E1-E5 one by one, each run when asked for (and not in ``skip``: a prompt case runs
+        E1 and E2 on its carried caches instead). E1, E2 and E5 run the engine of the case's
         configuration (its graph mode too) against the oracle; E3 compares its graphs with eager
         at their padded shapes."""
         sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
         engines = functools.partial(self.engine, model)
-        if cfg.e1.enabled:
+        if cfg.e1.enabled and "e1" not in skip:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
                                        tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
-        if cfg.e2.enabled:
+        if cfg.e2.enabled and "e2" not in skip:
             yield equivalence.check_e2(model, inputs, config,
                                        tol=Allowance(cfg.e2.rtol, cfg.e2.atol), engines=engines)
         if cfg.e3.enabled:
@@ -189,6 +202,9 @@ class CaseRunner:
             kernels = resolve_kernels(case.engine_config().kernels, self.device.type)
             result.kernels = KernelRecord(**kernels.record())
             model = self.model(case)
+            if sc.workload.prompts:
+                self.run_prompts(case, model, result, timing=timing)
+                return _finished(result)
             inputs = self.inputs(case, model)
             result.batch, result.batch_shape = inputs.describe(), inputs.shape()
             result.checks = self.run_checks(case, model, inputs)
@@ -218,9 +234,77 @@ class CaseRunner:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return result
-        if any(not c.passed for c in result.checks):
-            result.status = "failed"
-        return result
+        return _finished(result)
+
+    def prompt(self, case: Case, model: Transformer, entry: PromptEntry) -> ChunkedPrompt:
+        """One ``workload.prompts`` entry as its steps: seeded tokens, or held-out text for a
+        trained model (as ``inputs`` draws a step's)."""
+        sc = case.scenario
+        indices = sc.workload.cache_indices(1 + entry.decodes_beside, model.args.max_requests,
+                                            sc.seed)
+        return ChunkedPrompt.build(entry.length, entry.chunk_size, vocab=model.args.vocab_size,
+                                   seed=sc.seed, decodes_beside=entry.decodes_beside,
+                                   decode_context=entry.decode_context, cache_indices=indices,
+                                   held_out_text=sc.model.weights is not None)
+
+    def run_prompts(self, case: Case, model: Transformer, result: CaseResult, *,
+                    timing: bool) -> None:
+        """A prompt case: per prompt, E1 at every chunk on carried caches, E2 on a halo run's
+        end state, the approximation after the last chunk; E3-E5 on the last chunk's step (its
+        context a reference prefill, as a step case's); then both paths timed through every
+        chunk and the first decode (``bench.prompts``). The case's own timing stays empty: its
+        figures are its prompts'."""
+        sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
+        engines = functools.partial(self.engine, model)
+        prompts = [self.prompt(case, model, entry) for entry in sc.workload.prompts]
+        result.batch = ", ".join(f"prompt {p.length} in chunks of {p.chunk_size}"
+                                 + (f" + {p.decodes_beside} decodes" if p.decodes_beside else "")
+                                 for p in prompts)
+        result.batch_shape = "chunked prompt"
+        halo = dict(halo_align=sc.halo_align, kernels=config.kernels)
+        for prompt in prompts:
+            name = f"prompt {prompt.length}/{prompt.chunk_size}"
+            if cfg.e1.enabled:
+                result.checks += prompt_checks.check_prompt_e1(
+                    model, prompt, config, tol=Allowance(cfg.e1.rtol, cfg.e1.atol),
+                    engines=engines)
+            run = None
+            if cfg.e2.enabled or sc.checks.approximation.enabled:
+                run = prompt_checks.run_chunked(model, prompt, policy=sc.policy, **halo)
+            if cfg.e2.enabled:
+                halo_run = run if sc.policy == "halo" else prompt_checks.run_chunked(
+                    model, prompt, policy="halo", **halo)
+                result.checks.append(prompt_checks.check_halo_end_state(
+                    halo_run, prompt, tol=Allowance(cfg.e2.rtol, cfg.e2.atol)))
+            approximation = None
+            if sc.checks.approximation.enabled:
+                a = sc.checks.approximation
+                approximation, first_kv = prompt_checks.prompt_approximation(
+                    run, prompt, policy=sc.policy, halo_align=sc.halo_align,
+                    continuation_steps=sc.continuation_steps())
+                bounds = check_bounds(
+                    approximation, max_logits_abs_error=a.max_logits_abs_error,
+                    min_top1_agreement=a.min_top1_agreement,
+                    min_greedy_agreement=a.min_greedy_agreement, policy=sc.policy)
+                for check in (first_kv, bounds):
+                    check.name += f", {name} after its last chunk"
+                result.checks += [first_kv, bounds]
+            last = prompt.step(prompt.num_chunks - 1)
+            result.checks += list(self.iter_checks(case, model, last, skip={"e1", "e2"}))
+            timed = None
+            if timing and sc.timing.enabled:
+                t = sc.timing
+                reference, replay = self.engine_pair(model, config)
+                timed = time_prompt(reference, replay, prompt, TimingSettings(
+                    warmup=t.warmup, iters=t.iters, l2_flush=t.l2_flush, threads=t.threads,
+                    breakdown=False))
+            record = prompt_result(prompt, timed)
+            record.approximation = approximation
+            result.prompts.append(record)
+        if sc.checks.tasks.enabled:
+            run, agreement = self.tasks(case, model)
+            result.tasks = run.results
+            result.checks.append(agreement)
 
     def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
         """Both paths in the case's graph mode; every figure from the plan of the timed step."""

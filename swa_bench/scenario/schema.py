@@ -175,11 +175,48 @@ class RequestGenerator(_Strict):
         return out
 
 
+class PromptEntry(_Strict):
+    """One whole prompt of ``length`` tokens prefilled in chunks of ``chunk_size`` (the last one
+    shorter), each chunk batched with ``decodes_beside`` decode rows of other requests, as a
+    scheduler batches them; those start after ``decode_context`` tokens (null: ``length``) and
+    advance one token a step (``swa_bench.engine.chunked_prompt``)."""
+
+    length: PositiveInt
+    chunk_size: PositiveInt
+    decodes_beside: NonNegativeInt = 0
+    decode_context: PositiveInt | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.length // self.chunk_size)
+
+    def problems(self, args: ModelArgs, reserve: int) -> list[Problem]:
+        """The prompt, its first decode and ``reserve`` decode steps of the checks fit the
+        model; so do the decode rows beside it, one token further each step."""
+        if self.length + 1 + reserve > args.max_seq_len:
+            return [(("length",), f"{self.length} tokens, the first decode and {reserve} decode "
+                                  f"steps of the checks exceed max_seq_len={args.max_seq_len}")]
+        context = self.decode_context or self.length
+        longest = context + self.num_chunks + 1 + reserve
+        if self.decodes_beside and longest > args.max_seq_len:
+            field = "decode_context" if self.decode_context else "length"
+            return [((field,), f"the decode rows beside the prompt reach length {longest} "
+                               f"({context} + {self.num_chunks} chunk steps + the first decode "
+                               f"+ {reserve} check steps), above max_seq_len={args.max_seq_len}")]
+        if 1 + self.decodes_beside > args.max_requests:
+            return [(("decodes_beside",), f"the prompt and {self.decodes_beside} decode rows "
+                                          f"exceed the model's max_requests={args.max_requests}")]
+        return []
+
+
 class Workload(_Strict):
-    """The requests of one step: explicit ones first, then generated ones."""
+    """The requests of one step (explicit ones first, then generated ones), or whole prompts
+    (``prompts``): a case is one of the two. A prompt case runs each prompt's chunks step after
+    step with the caches carried, from empty caches per prompt."""
 
     requests: list[RequestEntry] = Field(default_factory=list)
     generators: list[RequestGenerator] = Field(default_factory=list)
+    prompts: list[PromptEntry] = Field(default_factory=list)
     # Cache slot of each request: its batch position, the highest slots in reverse, a seeded
     # permutation of every slot, or explicit indices (a serving engine's slots are not batch order).
     cache_order: Literal["sequential", "reversed", "shuffled"] | list[NonNegativeInt] = "sequential"
@@ -433,6 +470,8 @@ class Scenario(_Strict):
             out.append((("checks", "approximation", "continuation_steps"),
                         f"must be >= the model window W={window} (the approximate ring slides "
                         f"out only after W steps), got {steps}"))
+        if self.workload.prompts:
+            return out + self._prompt_problems(args)
         for kind, entries in (("requests", self.workload.requests),
                               ("generators", self.workload.generators)):
             for i, entry in enumerate(entries):
@@ -440,7 +479,8 @@ class Scenario(_Strict):
         total = (sum(entry.repeat for entry in self.workload.requests)
                  + sum(gen.prefills + gen.decodes for gen in self.workload.generators))
         if total == 0:
-            out.append((("workload",), "needs at least one request (requests or generators)"))
+            out.append((("workload",), "needs at least one request (requests, generators "
+                                       "or prompts)"))
         elif total > args.max_requests:
             out.append((("workload",), f"{total} requests exceed the model's max_requests="
                                        f"{args.max_requests}"))
@@ -519,11 +559,40 @@ class Scenario(_Strict):
                      f"max_seq_len={args.max_seq_len}")]
         return []
 
-    def _decode_reserve_problems(self, args: ModelArgs) -> list[Problem]:
+    def _prompt_problems(self, args: ModelArgs) -> list[Problem]:
+        """A prompt case: prompts alone in the workload, on one process, each fitting the
+        model with the decode steps the checks run after it."""
+        if self.workload.requests or self.workload.generators:
+            return [(("workload", "prompts"), "a case is one step (requests, generators) or "
+                                              "whole prompts, not both: move them to two "
+                                              "scenarios")]
+        if self.parallel.layout().world_size > 1:
+            return [(("workload", "prompts"), "whole prompts run on one process; set "
+                                              "parallel dp = tp = 1")]
+        reserve = self._decode_reserve(args)
+        out: list[Problem] = []
+        for i, prompt in enumerate(self.workload.prompts):
+            out += [(("workload", "prompts", i, *loc), msg)
+                    for loc, msg in prompt.problems(args, reserve)]
+            rows = 1 + prompt.decodes_beside
+            order = self.workload.cache_order
+            if isinstance(order, list) and (len(order) != rows or len(set(order)) != rows
+                                            or any(j >= args.max_requests for j in order)):
+                out.append((("workload", "cache_order"),
+                            f"needs {rows} distinct indices below max_requests="
+                            f"{args.max_requests} (prompt {i} and its decode rows)"))
+        return out
+
+    def _decode_reserve(self, args: ModelArgs) -> int:
         """E1 and the continuation decode 2W (resp. K) tokens after each request's step."""
         reserve = 2 * args.window if self.checks.e1.enabled else 0
         if self.checks.approximation.enabled:
             reserve = max(reserve, self.continuation_steps())
+        return reserve
+
+    def _decode_reserve_problems(self, args: ModelArgs) -> list[Problem]:
+        """E1 and the continuation decode 2W (resp. K) tokens after each request's step."""
+        reserve = self._decode_reserve(args)
         if not reserve:
             return []
         out: list[Problem] = []

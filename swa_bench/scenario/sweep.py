@@ -53,14 +53,25 @@ class Case:
     def trim_threshold(self) -> int:
         return self.engine_config().trim_threshold
 
+    def num_requests(self) -> int:
+        """The step's requests; a prompt case's: its prompts and the decode rows beside them."""
+        prompts = sum(1 + p.decodes_beside for p in self.scenario.workload.prompts)
+        return prompts + len(self.requests())
+
     def num_tokens(self) -> int:
-        return sum(r.query_len for r in self.requests())
+        """The step's rows; a prompt case's: its prompts' tokens."""
+        prompts = sum(p.length for p in self.scenario.workload.prompts)
+        return prompts + sum(r.query_len for r in self.requests())
 
     def label(self) -> str:
         """``graph_mode/policy/T=<tokens>`` plus the swept values outside the workload (T already
         sums up a workload change); the case id, not the label, is the unique key."""
         s = self.scenario
         parts = [s.graph_mode, s.policy, f"T={self.num_tokens()}"]
+        if s.workload.prompts:  # a prompt case: T is its prompts' tokens, in these chunks
+            parts.append("chunks=" + ",".join(
+                f"{p.chunk_size}" + (f"+{p.decodes_beside}d" if p.decodes_beside else "")
+                for p in s.workload.prompts))
         others = [p for p in self.params
                   if p not in ("graph_mode", "policy") and not p.startswith("workload")]
         leaves = [p.rsplit(".", 1)[-1] for p in others]

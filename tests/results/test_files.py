@@ -53,7 +53,7 @@ def test_a_version_2_file_reads_and_a_new_run_records_the_tool(tmp_path):
     assert all(a.decided for a in old.threshold_advice)
     path = default_scenario_path()
     fresh = new_results(path, load_scenario(path), environment={})
-    assert fresh.schema_version == 3 and fresh.swa_bench_version == tool_version()
+    assert fresh.schema_version == 4 and fresh.swa_bench_version == tool_version()
 
 
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
@@ -87,7 +87,7 @@ def _broken(tmp_path: Path, mutate) -> Path:
     (lambda d: d.pop("scenario_hash"), "scenario_hash", "Field required"),
     (lambda d: d["cases"][0]["checks"][0].update(passed="maybe"), "cases.0.checks.0.passed",
      "boolean"),
-    (lambda d: d.update(schema_version=4), "schema_version", "unsupported version 4"),
+    (lambda d: d.update(schema_version=5), "schema_version", "unsupported version 5"),
     (lambda d: d.update(schema_version=True), "schema_version", "unsupported version True"),
 ])
 def test_invalid_content_names_the_field(tmp_path, mutate, field, words):

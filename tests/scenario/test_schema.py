@@ -314,3 +314,52 @@ def test_default_scenario_is_the_shipped_smoke():
     path = default_scenario_path()
     assert path.name == "smoke.yaml" and path.is_file()
     assert isinstance(load_scenario(path), Scenario)
+
+
+PROMPT = "name: p\nworkload:\n  prompts:\n    - {length: 100, chunk_size: 48}\n"
+PROMPTS_BAD = [
+    ("workload: {prompts: [{length: 100, chunk_size: 0}]}\n",
+     "workload.prompts.0.chunk_size", ">= 1"),
+    ("workload: {prompts: [{length: 0, chunk_size: 8}]}\n", "workload.prompts.0.length", ">= 1"),
+    ("workload: {prompts: [{length: 100}]}\n", "workload.prompts.0.chunk_size", "required"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8, chunk: 8}]}\n", "workload.prompts.0.chunk",
+     "expected one of: length, chunk_size, decodes_beside, decode_context"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8, decodes_beside: -1}]}\n",
+     "workload.prompts.0.decodes_beside", ">= 0"),
+    # 240 tokens, the first decode and E1's 2W = 16 decode steps: 257 > 256
+    ("workload: {prompts: [{length: 240, chunk_size: 64}]}\n", "workload.prompts.0.length",
+     "max_seq_len=256"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8, decodes_beside: 1, "
+     "decode_context: 230}]}\n", "workload.prompts.0.decode_context", "above max_seq_len=256"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8, decodes_beside: 16}]}\n",
+     "workload.prompts.0.decodes_beside", "max_requests=16"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8}], requests: [{prompt_len: 8}]}\n",
+     "workload.prompts", "not both"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8, decodes_beside: 1}], "
+     "cache_order: [3]}\n", "workload.cache_order", "needs 2 distinct indices"),
+    ("workload: {prompts: [{length: 100, chunk_size: 8}]}\nparallel: {dp: 2}\n",
+     "workload.prompts", "one process"),
+]
+
+
+@pytest.mark.parametrize(("text", "field", "words"), PROMPTS_BAD)
+def test_prompt_rules_are_named_in_one_line(tmp_path, text, field, words):
+    path = write(tmp_path, "name: w\n" + text)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert info.value.field == field
+    assert words in info.value.message
+    assert "\n" not in str(info.value)
+
+
+def test_a_prompt_case_counts_its_prompts_and_labels_its_chunks(tmp_path):
+    """Without E1's decode reserve, 240 tokens fit; the sweep's cases are told apart by chunk."""
+    text = (PROMPT + "checks: {e1: {enabled: false}}\nsweep:\n  zip:\n"
+            "    - {workload.prompts.0.length: [100, 240], "
+            "workload.prompts.0.chunk_size: [48, 64]}\n")
+    cases = expand_cases(load_scenario(write(tmp_path, text)))
+    assert [c.num_tokens() for c in cases] == [100, 240]
+    assert [c.num_requests() for c in cases] == [1, 1]
+    assert [c.label() for c in cases] == ["eager/bounded/T=100/chunks=48",
+                                          "eager/bounded/T=240/chunks=64"]
+    assert cases[0].requests() == []
