@@ -143,7 +143,7 @@ class Engine:
         if plan.replays:
             with region(timer, "prepare"):
                 replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache,
-                                                  self.kernels)
+                                                  self.kernels, floors=plan.decoder_floors)
         return ForwardContext(
             attn_metadata=step.metadata,
             logits_indices=step.logits_indices,

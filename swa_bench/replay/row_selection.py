@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from swa_bench.model.batch import batch_window_start
 from swa_bench.model.requests import RequestSpec, query_starts
 
 Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
@@ -80,8 +81,10 @@ def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]
 def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int) -> int:
     """``kept_kv_start``: decoder layers under replay never computed window KV below this.
 
-    A request that keeps all its rows keeps its batch start (a decode row reads its ring); one
-    that keeps none gets ``seq_len``: nothing of this step is visible.
+    ``replay_start`` is the lowest position whose decoder window KV is valid: the batch start,
+    raised to the request's ``decoder_floor`` where it has one. A request that keeps all its rows
+    reads from there (a decode row reads its ring); one that keeps none gets ``seq_len``:
+    nothing of this step is visible.
     """
     if kept >= query_len:
         return replay_start
@@ -93,3 +96,36 @@ def final_window_floor(request: RequestSpec, window: int) -> int:
     decoder window KV from there, even one that keeps all its rows (earlier KV inside it is valid).
     """
     return max(0, request.prompt_len - window)
+
+
+def decoder_floor(request: RequestSpec, policy: Policy, window: int) -> int:
+    """The lowest position the request's decoder layers may read on the replay batch (0: none
+    beyond the batch start).
+
+    Only ``final_window`` has one (TensorRT-LLM ``decoder_replay.plan_decoder_replay``:
+    ``floors[i] = max(start, recovery_floor)`` with ``start = max(0, end - W)`` for each context
+    chunk, "the same floor spans all chunks in this final window. Earlier decoder KV inside it
+    is valid, even when this chunk keeps all rows"). The chunks before the window kept no decoder
+    row, so below the floor a decoder ring holds nothing this prompt wrote: a chunk inside the
+    window that keeps every row (the 60 after 240 of a 300-token prompt, W = 128) must still read
+    from ``end - W``, not from its batch start ``cached - W``. A chunk wholly before the window
+    keeps no row (nothing reads, floor 0); generation rows and requests needing every decoder row
+    (prompt logprobs; TensorRT-LLM's ``requires_full_decoder_prefill``) have none.
+    """
+    if policy != "final_window" or request.decode or request.prompt_logprobs:
+        return 0
+    floor = final_window_floor(request, window)
+    return floor if request.seq_len > floor else 0
+
+
+def decoder_floors(requests: Sequence[RequestSpec], policy: Policy, window: int) -> list[int]:
+    return [decoder_floor(r, policy, window) for r in requests]
+
+
+def floor_raises_window(requests: Sequence[RequestSpec], floors: Sequence[int],
+                        window: int) -> bool:
+    """Whether some request's floor lies above its batch start (``context_len - W``): then its
+    decoder layers must read from the floor even if it keeps every row, which only the replay
+    batch applies (the whole batch reads every layer from the batch start)."""
+    return any(f > batch_window_start(r.context_len, window)
+               for r, f in zip(requests, floors, strict=True))

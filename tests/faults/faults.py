@@ -94,8 +94,8 @@ def _replay_batch_fault(edit):
     real = engine_mod.build_replay_batch
 
     def apply(mp):
-        def build(step, lens, args, cache, kernels):
-            rb = real(step, lens, args, cache, kernels)
+        def build(step, lens, args, cache, kernels, **floors):
+            rb = real(step, lens, args, cache, kernels, **floors)
             edit(rb, step, args)
             return rb
 
