@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from swa_bench.engine.engine import Engine
 
 ORACLE_POLICIES = ("full", "bounded", "halo", "final_window", "tail")
-TAIL_EXTRA = 5  # ROCm ATOM keeps W + 5 rows: room for 5 speculative tokens
+# ROCm ATOM keeps W + num_speculative_tokens rows (its ring): 5 DSpark tokens on V4.1-Flash
+TAIL_EXTRA = 5
 
 
 def halo_rows(window: int, decoder_layers: int, align: int = 1) -> int:
@@ -202,6 +203,9 @@ def expect_step(
     threshold = window + 1 if trim_threshold is None else trim_threshold
     if policy == "full":
         replays, reason = False, "policy full"
+    elif size is not None and policy == "tail":
+        # ROCm ATOM (DecoderReplayModel._replays): only an eager, unpadded text prefill replays
+        replays, reason = False, "tail: ATOM replays no graph step"
     elif size is not None and graph_mode == "full":
         replays, reason = False, "FULL graph: nothing trims"
     elif size is not None:

@@ -135,6 +135,9 @@ def plan_step(
     size = capture_size if capture_size is not None else graph_size_for(requests, config, args)
     if config.policy == "full":
         replays, reason = False, "policy full: the reference path"
+    elif size is not None and config.policy == "tail":
+        replays = False
+        reason = f"tail: a graph of {size} takes the whole batch (ATOM replays eager prefills only)"
     elif size is not None and config.graph_mode == "full":
         replays, reason = False, "FULL graph: the decoder stays on the whole batch"
     elif size is not None:

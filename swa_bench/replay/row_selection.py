@@ -15,7 +15,12 @@ from swa_bench.model.requests import RequestSpec, query_starts
 Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
 POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo", "final_window", "tail")
 
-# ROCm ATOM's tail keeps W + this many rows: room for the speculative tokens of the next step.
+# ROCm ATOM's tail (``atom/models/deepseek_v41/bounded_replay.py``) keeps each request's last
+# ``tail_len = sliding_window + num_speculative_tokens`` rows of the step (the window ring, "133 on
+# V4.1-Flash with five DSpark tokens"), so the prefill rewrites every ring slot the draft reads;
+# this is V4.1-Flash's DSpark count (ATOM keeps W + 0 without speculative decoding). ATOM
+# replays only "an eager text prefill with a request longer than the tail" whose rows are
+# unpadded: ``dispatch.plan_step`` keeps graph steps on the whole batch under ``tail``.
 TAIL_SPECULATIVE_TOKENS = 5
 
 
@@ -41,7 +46,8 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
       intersection with the final prompt window ``[end - W, end)``, ``end`` = prompt length, so a
       chunk wholly before it keeps none and, when the last chunk is shorter than W, the chunk
       before it keeps its rows inside the window (see ``final_window_floor``);
-    * ``tail`` (ROCm ATOM): the last min(q, W + TAIL_SPECULATIVE_TOKENS).
+    * ``tail`` (ROCm ATOM ``late_layer_tail_layout``): the last min(q, W + TAIL_SPECULATIVE_TOKENS),
+      every chunk its own; a request kept whole reads from its batch start.
 
     Under every policy decode rows are kept, and a request asking for prompt logprobs keeps all.
     """
