@@ -214,9 +214,9 @@ def _ring_writes_dropped(rb, step, args):
 def _cache_index_batch_order(mp):
     real = replay_batch.kept_layouts
 
-    def kept_layouts(step, lens):
+    def kept_layouts(step, lens, floors=None):
         return [dataclasses.replace(lay, cache_index=i)
-                for i, lay in enumerate(real(step, lens))]
+                for i, lay in enumerate(real(step, lens, floors))]
 
     mp.setattr(replay_batch, "kept_layouts", kept_layouts)
 
