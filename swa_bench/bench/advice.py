@@ -4,7 +4,9 @@ Advice is only worth printing if the next run would print it too: three default 
 recommended 119, none and 119 for one mode and policy. So a length counts as a win (or a loss)
 only when a bootstrap over each path's own samples agrees in ``CONFIDENCE`` of its resamples,
 and a threshold is only drawn from at least ``MIN_LENGTHS`` lengths at which replay trimmed
-rows; anything less is "not enough evidence", said as such. Pure and deterministic: the
+rows: fewer is "not enough lengths to advise" (one length places no crossover: a run at 16384
+tokens alone once printed "recommended trim_threshold 16384"), a length inside the noise "not
+enough evidence", each said as such. Pure and deterministic: the
 bootstrap is seeded, so one run's samples always give one answer.
 """
 
@@ -21,7 +23,8 @@ CONFIDENCE = 0.95  # share of bootstrap resamples that must agree on a length's 
 RESAMPLES = 400
 MIN_SAMPLES = 5  # fewer samples than this on either path: the length is undecided
 MIN_LENGTHS = 2  # trimming lengths a threshold is drawn from (one length places no crossover)
-NOT_ENOUGH = "not enough evidence"
+NOT_ENOUGH = "not enough evidence"  # a length inside the noise
+NOT_ENOUGH_LENGTHS = "not enough lengths to advise"  # fewer than MIN_LENGTHS trimming lengths
 
 Outcome = Literal["win", "loss", "undecided"]
 
@@ -85,9 +88,9 @@ def recommend_trim_threshold(points: Sequence[BreakEven], *, window: int) -> Rec
         if point.trims:
             outcomes.setdefault(point.tokens, []).append(point.outcome(seed=index))
     if len(outcomes) < MIN_LENGTHS:
-        what = "no length" if not outcomes else "one length"
-        return Recommendation(None, False, f"{NOT_ENOUGH}: {what} with trimmed rows measured "
-                                           f"(at least {MIN_LENGTHS} needed)")
+        what = "no length" if not outcomes else f"only {next(iter(outcomes))} tokens"
+        return Recommendation(None, False, f"{NOT_ENOUGH_LENGTHS}: {what} with trimmed rows "
+                                           f"measured (at least {MIN_LENGTHS} lengths needed)")
     threshold = None
     for tokens in sorted(outcomes, reverse=True):
         seen = outcomes[tokens]

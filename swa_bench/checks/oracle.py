@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from swa_bench.engine.engine import Engine
 
 ORACLE_POLICIES = ("full", "bounded", "halo", "final_window", "tail")
-TAIL_EXTRA = 5  # ROCm ATOM keeps W + 5 rows: room for 5 speculative tokens
+# ROCm ATOM keeps W + num_speculative_tokens rows (its ring): 5 DSpark tokens on V4.1-Flash
+TAIL_EXTRA = 5
 
 
 def halo_rows(window: int, decoder_layers: int, align: int = 1) -> int:
@@ -78,6 +79,20 @@ def final_window_floor(r: RequestSpec, window: int) -> int:
     return max(0, r.prompt_len - window)
 
 
+def decoder_floor(r: RequestSpec, policy: str, window: int) -> int:
+    """Where a request's decoder layers start reading on the replay batch, whatever it keeps
+    (0: no floor). TensorRT-LLM (``plan_decoder_replay``) gives every context chunk of a request
+    that does not need full decoder prefill the floor ``max(0, end - W)``, "even when this chunk
+    keeps all rows", since the earlier chunks wrote no decoder KV below it; generation rows get
+    none. Restated here over the chunk's positions: it has one when some of them lie in the
+    final window."""
+    if policy != "final_window" or r.decode or r.prompt_logprobs:
+        return 0
+    start = final_window_floor(r, window)
+    in_window = [p for p in range(r.cached_len, r.cached_len + r.query_len) if p >= start]
+    return start if in_window else 0
+
+
 def halo_exact_rows(layer: int, kept_lens: Sequence[int], args: ModelArgs) -> list[int]:
     """The kept rows (indices into the replay batch) whose input to ``layer`` a halo replay
     computes as the full prefill does: every kept row at S; at the d-th decoder layer all but
@@ -96,12 +111,16 @@ def batch_start(r: RequestSpec, window: int) -> int:
     return max(0, r.context_len - window)
 
 
-def kept_start(r: RequestSpec, kept: int, window: int) -> int:
-    """``kept_kv_start``: the batch start when the request keeps every row, else
-    max(batch start, seq_len - kept) (seq_len when it keeps none)."""
-    if kept >= r.query_len:
-        return batch_start(r, window)
-    return max(batch_start(r, window), r.seq_len - kept)
+def kept_start(r: RequestSpec, kept: int, window: int, floor: int = 0) -> int:
+    """``kept_kv_start``: seq_len when the request keeps no row; otherwise the highest of its
+    batch start, its decoder floor (``decoder_floor``) and, when it loses rows, its first kept
+    position ``seq_len - kept``."""
+    if kept == 0:
+        return r.seq_len
+    lowest = [batch_start(r, window), floor]
+    if kept < r.query_len:
+        lowest.append(r.seq_len - kept)
+    return max(lowest)
 
 
 def smallest_capture_size(tokens: int, sizes: Sequence[int]) -> int | None:
@@ -177,7 +196,11 @@ def expect_step(
     query = [r.query_len for r in requests]
     tokens = sum(query)
     kept = [kept_len(r, policy, window, decoder_layers, halo_align) for r in requests]
+    floors = [decoder_floor(r, policy, window) for r in requests]
     trims = any(k < q for k, q in zip(kept, query, strict=True))
+    # a request keeping every row whose floor hides part of its batch window needs the replay
+    # batch: only there do its decoder layers read from the floor
+    floored = any(f > batch_start(r, window) for r, f in zip(requests, floors, strict=True))
     logit_rows = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
     size = None
     if graph_mode != "eager" and logit_rows <= max_logit_rows:
@@ -185,11 +208,16 @@ def expect_step(
     threshold = window + 1 if trim_threshold is None else trim_threshold
     if policy == "full":
         replays, reason = False, "policy full"
+    elif size is not None and policy == "tail":
+        # ROCm ATOM (DecoderReplayModel._replays): only an eager, unpadded text prefill replays
+        replays, reason = False, "tail: ATOM replays no graph step"
     elif size is not None and graph_mode == "full":
         replays, reason = False, "FULL graph: nothing trims"
     elif size is not None:
         replays = size >= threshold
         reason = f"PIECEWISE graph {size} {'>=' if replays else '<'} trim_threshold {threshold}"
+    elif floored:
+        replays, reason = True, "eager: a final_window floor above a batch start"
     elif tokens < eager_trim_threshold:
         replays, reason = False, f"eager step below eager_trim_threshold {eager_trim_threshold}"
     else:
@@ -212,7 +240,8 @@ def expect_step(
         kept_lens=tuple(kept),
         rows=tuple(rows),
         batch_starts=tuple(batch_start(r, window) for r in requests),
-        kept_starts=tuple(kept_start(r, k, window) for r, k in zip(requests, kept, strict=True)),
+        kept_starts=tuple(kept_start(r, k, window, f)
+                          for r, k, f in zip(requests, kept, floors, strict=True)),
         num_tokens=tokens,
         reason=reason,
     )

@@ -18,7 +18,13 @@ from swa_bench.graphs.capture_sizes import padded_size
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import ShapeMode
 from swa_bench.model.requests import RequestSpec
-from swa_bench.replay.row_selection import halo_size, kept_lens, trims
+from swa_bench.replay.row_selection import (
+    decoder_floors,
+    floor_raises_window,
+    halo_size,
+    kept_lens,
+    trims,
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,9 @@ class AgreedRoute:
 @dataclass(frozen=True)
 class StepPlan:
     """How one step runs. ``kept_lens`` are the rows each request keeps on the replay batch (its
-    query length when the decoder runs on the whole batch)."""
+    query length when the decoder runs on the whole batch); ``decoder_floors`` the lowest
+    position each request's decoder layers read on the replay batch (``row_selection.
+    decoder_floor``: 0 but under ``final_window``; all 0 when the step does not replay)."""
 
     graph_size: int | None  # the capture size the step replays at; None: it runs eagerly
     shape_mode: ShapeMode  # how attention gathers its keys (``shape_mode_for``)
@@ -46,6 +54,7 @@ class StepPlan:
     agreed: AgreedRoute | None = None  # the DP agreement this plan follows (None: one rank alone)
     # The replay capture size the replay batch pads to and runs in a graph of (None: eager).
     replay_graph_size: int | None = None
+    decoder_floors: tuple[int, ...] = ()  # empty: no floors (a reference step)
 
     @property
     def num_kept(self) -> int:
@@ -102,10 +111,19 @@ def plan_step(
     (each rank's kept rows differ, so no replay graph size is agreed). A step that replays in
     PIECEWISE mode runs its replay batch in the replay graph of the smallest replay capture size
     holding its kept rows, eagerly above the largest.
+    Under ``final_window`` an eager step whose chunk keeps every row but has a floor above its
+    batch start (``row_selection.decoder_floor``) runs the replay batch too: on the whole batch
+    its decoder layers would read ring slots between ``cached - W`` and ``end - W`` that the
+    earlier chunks, keeping only their rows in the final window, never wrote. A route without a
+    replay batch (a PIECEWISE graph below trim_threshold, a FULL graph) applies no floor, as
+    TensorRT-LLM plans no replay under CUDA graphs: its decoder reads from the batch start,
+    which is valid only where the earlier chunks ran on the whole batch too.
     """
     query = tuple(r.query_len for r in requests)
     num_tokens = sum(query)
     lens = policy_kept_lens(requests, config, args)
+    floors = tuple(decoder_floors(requests, config.policy, args.window))
+    no_floors = (0,) * len(requests)
     if agreed is not None:
         route = "replay batch" if agreed.replays else "whole batch"
         shape = "eager" if agreed.graph_size is None else f"graph of {agreed.graph_size}"
@@ -117,16 +135,26 @@ def plan_step(
             num_tokens=num_tokens,
             reason=f"DP agreement of {agreed.ranks} ranks: {route}, {shape}",
             agreed=agreed,
+            decoder_floors=floors if agreed.replays else no_floors,
         )
     size = capture_size if capture_size is not None else graph_size_for(requests, config, args)
     if config.policy == "full":
         replays, reason = False, "policy full: the reference path"
+    elif size is not None and config.policy == "tail":
+        replays = False
+        reason = f"tail: a graph of {size} takes the whole batch (ATOM replays eager prefills only)"
     elif size is not None and config.graph_mode == "full":
         replays, reason = False, "FULL graph: the decoder stays on the whole batch"
     elif size is not None:
         replays = size >= config.trim_threshold
         relation = ">=" if replays else "<"
         reason = f"PIECEWISE graph of {size} {relation} trim_threshold {config.trim_threshold}"
+    elif floor_raises_window(requests, floors, args.window):
+        # Ahead of eager_trim_threshold: the earlier chunks' decoder rings hold nothing below the
+        # floor, and only the replay batch reads from it (TensorRT-LLM applies it "even when this
+        # chunk keeps all rows").
+        replays = True
+        reason = f"eager step: final_window floors {floors} above the batch starts"
     elif num_tokens < config.eager_trim_threshold:
         replays = False
         reason = f"eager step of {num_tokens} < eager_trim_threshold {config.eager_trim_threshold}"
@@ -149,4 +177,5 @@ def plan_step(
         num_tokens=num_tokens,
         reason=reason,
         replay_graph_size=replay_size,
+        decoder_floors=floors if replays else no_floors,
     )

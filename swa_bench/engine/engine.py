@@ -154,7 +154,8 @@ class Engine:
         if plan.replays:
             with region(timer, "prepare"):
                 replay_batch = build_replay_batch(step, plan.kept_lens, self.args, cache,
-                                                  self.kernels, pad_to=plan.replay_graph_size)
+                                                  self.kernels, pad_to=plan.replay_graph_size,
+                                                  floors=plan.decoder_floors)
             if plan.replay_graph_size is not None and not eager:
                 replay_batch.run_graph = self.replay_graphs.run
         return ForwardContext(

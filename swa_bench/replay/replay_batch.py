@@ -107,11 +107,17 @@ class ReplayBatch:
             )
 
 
-def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
-    """Each request's kept rows as a packed sub-batch whose key rows are its own rows."""
+def kept_layouts(step: StepBatch, lens: list[int],
+                 floors: Sequence[int] | None = None) -> list[RequestLayout]:
+    """Each request's kept rows as a packed sub-batch whose key rows are its own rows, its decoder
+    windows starting at ``kept_window_start`` from its batch start raised to its floor
+    (``row_selection.decoder_floor``, chosen in the step plan; None: no floors)."""
+    floors = [0] * len(lens) if floors is None else list(floors)
     out, start = [], 0
-    for lay, req, k in zip(step.metadata.layouts, step.requests, lens, strict=True):
+    for lay, req, k, floor in zip(step.metadata.layouts, step.requests, lens, floors,
+                                  strict=True):
         first = lay.seq_len - k
+        valid_from = max(lay.window_start, floor)
         out.append(
             replace(
                 lay,
@@ -121,7 +127,7 @@ def kept_layouts(step: StepBatch, lens: list[int]) -> list[RequestLayout]:
                 kv_start=start,
                 kv_len=k,
                 kv_first_pos=first,
-                window_start=kept_window_start(lay.window_start, lay.seq_len, k, req.query_len),
+                window_start=kept_window_start(valid_from, lay.seq_len, k, req.query_len),
             )
         )
         start += k
@@ -135,13 +141,15 @@ def replay_request_slots(args: ModelArgs) -> int:
 
 
 def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, cache: KVCache,
-                       kernels: Kernels, *, pad_to: int | None = None) -> ReplayBatch:
-    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows; its layers run
-    on ``cache`` and ``kernels``, the step's engine's. ``pad_to`` (a replay capture size) pads
-    its rows and metadata to that many rows, the padded rows belonging to the dummy request."""
+                       kernels: Kernels, *, pad_to: int | None = None,
+                       floors: Sequence[int] | None = None) -> ReplayBatch:
+    """The replay batch of ``step`` keeping each request's last ``lens[i]`` rows, its decoder
+    windows raised to ``floors`` (the plan's ``decoder_floors``); its layers run on ``cache``
+    and ``kernels``, the step's engine's. ``pad_to`` (a replay capture size) pads its rows and
+    metadata to that many rows, the padded rows belonging to the dummy request."""
     lens = list(lens)
     device = step.input_ids.device
-    layouts = kept_layouts(step, lens)
+    layouts = kept_layouts(step, lens, floors)
     num_kept = sum(lens)
     if pad_to is not None and pad_to < num_kept:
         raise ValueError(f"a replay batch of {num_kept} rows does not pad to {pad_to}")

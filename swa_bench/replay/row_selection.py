@@ -9,12 +9,18 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from swa_bench.model.batch import batch_window_start
 from swa_bench.model.requests import RequestSpec, query_starts
 
 Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
 POLICIES: tuple[Policy, ...] = ("full", "bounded", "halo", "final_window", "tail")
 
-# ROCm ATOM's tail keeps W + this many rows: room for the speculative tokens of the next step.
+# ROCm ATOM's tail (``atom/models/deepseek_v41/bounded_replay.py``) keeps each request's last
+# ``tail_len = sliding_window + num_speculative_tokens`` rows of the step (the window ring, "133 on
+# V4.1-Flash with five DSpark tokens"), so the prefill rewrites every ring slot the draft reads;
+# this is V4.1-Flash's DSpark count (ATOM keeps W + 0 without speculative decoding). ATOM
+# replays only "an eager text prefill with a request longer than the tail" whose rows are
+# unpadded: ``dispatch.plan_step`` keeps graph steps on the whole batch under ``tail``.
 TAIL_SPECULATIVE_TOKENS = 5
 
 
@@ -40,7 +46,8 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
       intersection with the final prompt window ``[end - W, end)``, ``end`` = prompt length, so a
       chunk wholly before it keeps none and, when the last chunk is shorter than W, the chunk
       before it keeps its rows inside the window (see ``final_window_floor``);
-    * ``tail`` (ROCm ATOM): the last min(q, W + TAIL_SPECULATIVE_TOKENS).
+    * ``tail`` (ROCm ATOM ``late_layer_tail_layout``): the last min(q, W + TAIL_SPECULATIVE_TOKENS),
+      every chunk its own; a request kept whole reads from its batch start.
 
     Under every policy decode rows are kept, and a request asking for prompt logprobs keeps all.
     """
@@ -80,8 +87,10 @@ def kept_rows(requests: Sequence[RequestSpec], lens: Sequence[int]) -> list[int]
 def kept_window_start(replay_start: int, seq_len: int, kept: int, query_len: int) -> int:
     """``kept_kv_start``: decoder layers under replay never computed window KV below this.
 
-    A request that keeps all its rows keeps its batch start (a decode row reads its ring); one
-    that keeps none gets ``seq_len``: nothing of this step is visible.
+    ``replay_start`` is the lowest position whose decoder window KV is valid: the batch start,
+    raised to the request's ``decoder_floor`` where it has one. A request that keeps all its rows
+    reads from there (a decode row reads its ring); one that keeps none gets ``seq_len``:
+    nothing of this step is visible.
     """
     if kept >= query_len:
         return replay_start
@@ -93,3 +102,36 @@ def final_window_floor(request: RequestSpec, window: int) -> int:
     decoder window KV from there, even one that keeps all its rows (earlier KV inside it is valid).
     """
     return max(0, request.prompt_len - window)
+
+
+def decoder_floor(request: RequestSpec, policy: Policy, window: int) -> int:
+    """The lowest position the request's decoder layers may read on the replay batch (0: none
+    beyond the batch start).
+
+    Only ``final_window`` has one (TensorRT-LLM ``decoder_replay.plan_decoder_replay``:
+    ``floors[i] = max(start, recovery_floor)`` with ``start = max(0, end - W)`` for each context
+    chunk, "the same floor spans all chunks in this final window. Earlier decoder KV inside it
+    is valid, even when this chunk keeps all rows"). The chunks before the window kept no decoder
+    row, so below the floor a decoder ring holds nothing this prompt wrote: a chunk inside the
+    window that keeps every row (the 60 after 240 of a 300-token prompt, W = 128) must still read
+    from ``end - W``, not from its batch start ``cached - W``. A chunk wholly before the window
+    keeps no row (nothing reads, floor 0); generation rows and requests needing every decoder row
+    (prompt logprobs; TensorRT-LLM's ``requires_full_decoder_prefill``) have none.
+    """
+    if policy != "final_window" or request.decode or request.prompt_logprobs:
+        return 0
+    floor = final_window_floor(request, window)
+    return floor if request.seq_len > floor else 0
+
+
+def decoder_floors(requests: Sequence[RequestSpec], policy: Policy, window: int) -> list[int]:
+    return [decoder_floor(r, policy, window) for r in requests]
+
+
+def floor_raises_window(requests: Sequence[RequestSpec], floors: Sequence[int],
+                        window: int) -> bool:
+    """Whether some request's floor lies above its batch start (``context_len - W``): then its
+    decoder layers must read from the floor even if it keeps every row, which only the replay
+    batch applies (the whole batch reads every layer from the batch start)."""
+    return any(f > batch_window_start(r.context_len, window)
+               for r, f in zip(requests, floors, strict=True))

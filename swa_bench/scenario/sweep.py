@@ -7,11 +7,13 @@ Each case is the base scenario with its axis values substituted, re-validated as
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import itertools
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,7 @@ class Case:
     index: int
     params: dict[str, Any]
     scenario: Scenario
+    label_text: str = ""  # set by ``expand_cases`` from every case of the sweep
 
     def model_args(self) -> ModelArgs:
         return self.scenario.model_args()
@@ -64,22 +67,9 @@ class Case:
         return prompts + sum(r.query_len for r in self.requests())
 
     def label(self) -> str:
-        """``graph_mode/policy/T=<tokens>`` plus the swept values outside the workload (T already
-        sums up a workload change); the case id, not the label, is the unique key."""
-        s = self.scenario
-        parts = [s.graph_mode, s.policy, f"T={self.num_tokens()}"]
-        if s.workload.prompts:  # a prompt case: T is its prompts' tokens, in these chunks
-            parts.append("chunks=" + ",".join(
-                f"{p.chunk_size}" + (f"+{p.decodes_beside}d" if p.decodes_beside else "")
-                for p in s.workload.prompts))
-        others = [p for p in self.params
-                  if p not in ("graph_mode", "policy") and not p.startswith("workload")]
-        leaves = [p.rsplit(".", 1)[-1] for p in others]
-        for path, leaf in zip(others, leaves, strict=True):
-            key = leaf if leaves.count(leaf) == 1 else path
-            value = self.params[path]
-            parts.append(f"{key}={value if isinstance(value, str) else _show(value)}")
-        return "/".join(parts)
+        """``graph_mode/policy/T=<tokens>`` plus what else the sweep varies, as far as it tells
+        this case from the others (``case_labels``, decided once over the whole sweep)."""
+        return self.label_text or _prefix(self)
 
     def matches(self, select: str) -> bool:
         """``--select``/``-k``: the text appears in the label or the case id."""
@@ -135,7 +125,98 @@ def expand_cases(scenario: Scenario, max_cases: int | None = None) -> list[Case]
                 params[path] = value
         resolved = _resolve(scenario, data, axes, picks, params)
         cases.append(Case(case_id(params), index, params, resolved))
-    return cases
+    return [dataclasses.replace(c, label_text=label)
+            for c, label in zip(cases, case_labels(cases), strict=True)]
+
+
+def case_labels(cases: list[Case]) -> list[str]:
+    """One readable label per case, unique within the sweep.
+
+    Each starts ``graph_mode/policy/T=<tokens>`` and shows, in file order, every other swept
+    value outside the workload (``key=value``). A swept workload path is shown only where it
+    tells apart cases whose labels so far are equal (T sums most workload changes up; not one
+    that keeps the token count: other requests, chunks or prefix hits of the same total), a
+    structured value as the requests it makes. A path left out is constant over every final
+    group, so cases that still share a label differ only in values rendered alike (two
+    workloads of the same requests): they get their case id.
+    """
+    labels = [_prefix(c) for c in cases]
+    if not cases:
+        return labels
+    paths = [p for p in cases[0].params if p not in ("graph_mode", "policy")]
+    leaves = [p.rsplit(".", 1)[-1] for p in paths]
+    for path, leaf in zip(paths, leaves, strict=True):
+        seen: dict[str, set[str]] = {}
+        for label, c in zip(labels, cases, strict=True):
+            seen.setdefault(label, set()).add(json.dumps(c.params[path], sort_keys=True,
+                                                         default=str))
+        if path.startswith("workload.") and all(len(v) == 1 for v in seen.values()):
+            continue
+        key = leaf if leaves.count(leaf) == 1 else path
+        labels = [f"{label}/{_part(c, path, key)}" for label, c in zip(labels, cases, strict=True)]
+    counts = Counter(labels)
+    return [f"{label}#{c.case_id}" if counts[label] > 1 else label
+            for label, c in zip(labels, cases, strict=True)]
+
+
+def _prefix(case: Case) -> str:
+    """``graph_mode/policy/T=<tokens>``; a prompt case's T is its prompts' tokens, in the chunks
+    it names (``chunks=<size>[+<decode rows beside>d]``)."""
+    s = case.scenario
+    parts = [s.graph_mode, s.policy, f"T={case.num_tokens()}"]
+    if s.workload.prompts:
+        parts.append("chunks=" + ",".join(
+            f"{p.chunk_size}" + (f"+{p.decodes_beside}d" if p.decodes_beside else "")
+            for p in s.workload.prompts))
+    return "/".join(parts)
+
+
+def _part(case: Case, path: str, key: str) -> str:
+    """``key=value``; a structured workload value (requests, an entry, a generator) as the
+    requests it makes (``describe_requests``), keyed by its path inside the workload."""
+    value = case.params[path]
+    if path.startswith("workload.") and isinstance(value, dict | list):
+        node = _node(case.scenario, path.split("."))
+        items = node if isinstance(node, list) else [node]
+        if all(hasattr(item, "specs") for item in items):
+            specs = [spec for item in items for spec in item.specs()]
+            return f"{path.removeprefix('workload.')}={describe_requests(specs)}"
+        key = path.removeprefix("workload.")
+    return f"{key}={_compact(value)}"
+
+
+def _node(node: Any, parts: list[str]) -> Any:
+    for part in parts:
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    return node
+
+
+def describe_requests(specs: list[RequestSpec]) -> str:
+    """Requests in a label's words: ``240of300`` a chunk of a 300-token prompt, ``240+60`` 60
+    rows after 240 in the caches, ``dec@20`` a decode row after 20, ``lp`` prompt logprobs,
+    ``3x`` three alike in a row; comma-separated."""
+    items = []
+    for r in specs:
+        if r.decode:
+            text = f"dec@{r.context_len}"
+        else:
+            text = f"{r.context_len}+{r.query_len}" if r.context_len else str(r.query_len)
+            if r.seq_len < r.prompt_len:
+                text += f"of{r.prompt_len}"
+        items.append(text + ("lp" if r.prompt_logprobs else ""))
+    runs = [(item, len(list(group))) for item, group in itertools.groupby(items)]
+    return ",".join(f"{n}x{item}" if n > 1 else item for item, n in runs) or "none"
+
+
+def _compact(value: Any) -> str:
+    """A swept value without JSON's quotes and braces: strings bare, mappings ``k=v,...``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return ",".join(f"{k}={_compact(v)}" for k, v in value.items())
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        return "[" + ";".join(_compact(v) for v in value) + "]"
+    return _show(value)
 
 
 def _resolve(

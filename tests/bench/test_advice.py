@@ -67,13 +67,31 @@ def test_never_wins_gives_never_trim(data, window):
     assert advice.decided and advice.threshold is None
 
 
-def test_fewer_than_two_lengths_is_not_enough_evidence():
+def test_fewer_than_two_lengths_is_not_enough_lengths_to_advise():
     """The H200's one-length scenario printed "recommended trim_threshold 16384 (measured at
-    [16384] tokens)": one length places no crossover."""
-    for points in ([], [_fixed(16384, 2.0, 1.0)], [_fixed(16384, 2.0, 1.0)] * 2):
+    [16384] tokens)": one length places no crossover, however clear its win; a second length
+    that trimmed nothing is no second length."""
+    for points in ([], [_fixed(16384, 2.0, 1.0)], [_fixed(16384, 2.0, 1.0)] * 2,
+                   [_fixed(16384, 2.0, 1.0), BreakEven(64, (2.0,) * 5, (1.0,) * 5, trims=False)]):
         advice = recommend_trim_threshold(points, window=128)
         assert not advice.decided and advice.threshold is None
-        assert advice.reason.startswith(NOT_ENOUGH)
+        assert advice.reason.startswith("not enough lengths to advise"), advice.reason
+    two = recommend_trim_threshold([_fixed(8192, 2.0, 1.0), _fixed(16384, 2.0, 1.0)], window=128)
+    assert two.decided and two.threshold == 8192
+
+
+def test_one_measured_length_in_a_run_says_not_enough_lengths():
+    """threshold_advice on a run whose only trimming length is 16384 gives no threshold and says
+    "not enough lengths to advise" (the noisy case keeps "not enough evidence")."""
+    from swa_bench.bench.advice import threshold_advice
+    from tests.report.synthetic import synthetic_run
+
+    cases = [c for c in synthetic_run(error=False, failing=False).cases]
+    one = [c for c in cases if c.tokens == max(c.tokens for c in cases)]
+    advice = threshold_advice(one, window=8)
+    assert advice and all(a.recommended_trim_threshold is None and not a.decided
+                          and "not enough lengths to advise" in a.note for a in advice)
+    assert not any(NOT_ENOUGH in a.note for a in advice)
 
 
 def test_crossing_back_example():

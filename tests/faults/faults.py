@@ -94,8 +94,8 @@ def _replay_batch_fault(edit):
     real = engine_mod.build_replay_batch
 
     def apply(mp):
-        def build(step, lens, args, cache, kernels):
-            rb = real(step, lens, args, cache, kernels)
+        def build(step, lens, args, cache, kernels, **floors):
+            rb = real(step, lens, args, cache, kernels, **floors)
             edit(rb, step, args)
             return rb
 
@@ -214,9 +214,9 @@ def _ring_writes_dropped(rb, step, args):
 def _cache_index_batch_order(mp):
     real = replay_batch.kept_layouts
 
-    def kept_layouts(step, lens):
+    def kept_layouts(step, lens, floors=None):
         return [dataclasses.replace(lay, cache_index=i)
-                for i, lay in enumerate(real(step, lens))]
+                for i, lay in enumerate(real(step, lens, floors))]
 
     mp.setattr(replay_batch, "kept_layouts", kept_layouts)
 
