@@ -19,7 +19,7 @@ import torch
 
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
-from swa_bench.checks import equivalence
+from swa_bench.checks import equivalence, selection
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
 from swa_bench.checks.tasks import TaskRun, TaskSettings, agreement_check, run_tasks
@@ -167,9 +167,14 @@ class CaseRunner:
     ) -> Iterator[CheckResult]:
         """E1-E5 one by one, each run when asked for. E1, E2 and E5 run the engine of the case's
         configuration (its graph mode too) against the oracle; E3 compares its graphs with eager
-        at their padded shapes."""
+        at their padded shapes. Before them (with E1 or E2), every row's visible keys and
+        selections against the oracle's causal rule (``selection.check_visibility``)."""
         sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
         engines = functools.partial(self.engine, model)
+        if cfg.e1.enabled or cfg.e2.enabled:
+            # E1's and E2's truths and the oracle share the model's visibility rule: graded
+            # apart, first (one forward; what every later comparison assumes).
+            yield selection.check_visibility(model, inputs, config)
         if cfg.e1.enabled:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
                                        tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
