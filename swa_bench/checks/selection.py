@@ -279,11 +279,15 @@ def check_visibility(model: Transformer, workload: StepInputs, config: EngineCon
     model's ``key_sources``: a visibility off by one there moves the engine, the oracle's
     forward, the bounded reference and the full prefill together, so E1-E5 cannot see it.
 
-    The whole step runs once as the reference (every layer on every row, varlen shapes) and, when
-    the case's graph mode is FULL, once more at static shapes padded as FULL pads it, on the
-    case's kernels from the workload's caches; each forward's visible counts, index selections
-    and candidate blocks are graded by ``visibility_diagnostics``."""
-    modes = ["varlen"] + (["static"] if config.graph_mode == "full" else [])
+    The whole step runs once as the reference (every layer on every row, varlen shapes) and,
+    when it fits one of the case's capture sizes, once more at static shapes padded to it (the
+    shapes a FULL graph of the step runs, whatever the case's graph mode: the static selection
+    path then runs in every such case, not in FULL cases alone), on the case's kernels from the
+    workload's caches; each forward's visible counts, index selections and candidate blocks are
+    graded by ``visibility_diagnostics``."""
+    tokens = sum(r.query_len for r in workload.requests)
+    pad = smallest_capture_size(tokens, config.capture_sizes or ())
+    modes = ["varlen"] + ([] if pad is None else ["static"])
     base = Engine(model, EngineConfig.for_model(model.args, policy="full",
                                                 kernels=config.kernels))
     workload.fill_context(base)
@@ -291,10 +295,8 @@ def check_visibility(model: Transformer, workload: StepInputs, config: EngineCon
     for mode in modes:
         engine = Engine(model, base.config)
         engine.cache.copy_from(base.cache)
-        pad = (smallest_capture_size(sum(r.query_len for r in workload.requests),
-                                     config.capture_sizes or ()) if mode == "static" else None)
         step = engine.prepare(workload.requests, workload.step_tokens, workload.cache_indices,
-                              pad_to=pad)
+                              pad_to=pad if mode == "static" else None)
         ctx = ForwardContext(attn_metadata=step.metadata, logits_indices=step.logits_indices,
                              cache=engine.cache, kernels=engine.kernels, shape_mode=mode,
                              index_queries={})
@@ -302,7 +304,8 @@ def check_visibility(model: Transformer, workload: StepInputs, config: EngineCon
         diags += visibility_diagnostics(f"{mode}.", model.args, step, ctx)
         del engine
     sources = len(model.args.index_source_list())
-    note = (f"{' and '.join(modes)} forward of {workload.shape()}: visible counts"
+    note = (f"{' and '.join(modes)} forward of {workload.shape()}"
+            + (f" (padded to {pad})" if pad is not None else "") + ": visible counts"
             + (f", {sources} index sources' selections" if sources else "")
             + " vs the oracle's causal rule")
     return check_result("visibility", "every row sees the SPEC's visible keys", diags, None,
