@@ -293,8 +293,10 @@ def check_visibility(model: Transformer, workload: StepInputs, config: EngineCon
     workload.fill_context(base)
     diags: list[Diagnostic | None] = []
     for mode in modes:
-        engine = Engine(model, base.config)
-        engine.cache.copy_from(base.cache)
+        engine = base  # the last forward runs on the filled caches, the others on copies
+        if mode != modes[-1]:
+            engine = Engine(model, base.config)
+            engine.cache.copy_from(base.cache)
         step = engine.prepare(workload.requests, workload.step_tokens, workload.cache_indices,
                               pad_to=pad if mode == "static" else None)
         ctx = ForwardContext(attn_metadata=step.metadata, logits_indices=step.logits_indices,
