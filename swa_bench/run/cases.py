@@ -71,9 +71,10 @@ class CaseRunner:
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
         self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings
-        # E4 per model and its inputs (tolerance, kernels, longest prompt): it reads nothing else
-        # of a case, so the cases of one model share one run.
-        self.e4_results: dict[str, CheckResult] = {}
+        # Checks that read only the model and a few inputs, not the case's policy or graph mode
+        # (E4: tolerance, kernels, longest prompt; visibility: kernels, capture sizes, the step),
+        # by those inputs: the cases of one model share one run.
+        self.shared_checks: dict[str, CheckResult] = {}
 
     def device_tflops(self, dtype: str, threads: int | None) -> float:
         """This device's GEMM rate in ``dtype``, measured once per run: what MFU is against."""
@@ -93,7 +94,7 @@ class CaseRunner:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.full_tasks.clear()
-            self.e4_results.clear()
+            self.shared_checks.clear()
             self.models[key] = self.build_model(case)
         return self.models[key]
 
@@ -177,8 +178,11 @@ class CaseRunner:
         engines = functools.partial(self.engine, model)
         if cfg.e1.enabled or cfg.e2.enabled:
             # E1's and E2's truths and the oracle share the model's visibility rule: graded
-            # apart, first (one forward; what every later comparison assumes).
-            yield selection.check_visibility(model, inputs, config)
+            # apart, first (what every later comparison assumes).
+            yield self.shared("visibility", (model, config.kernels, config.capture_sizes,
+                                             inputs.requests, inputs.cache_indices,
+                                             hash(tuple(map(tuple, inputs.sequences)))),
+                              lambda: selection.check_visibility(model, inputs, config))
         if cfg.e1.enabled:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
                                        tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
@@ -189,14 +193,20 @@ class CaseRunner:
             yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:
             tol = Tolerance.for_dtype(DTYPES[sc.dtype], cfg.e4.rtol, cfg.e4.atol)
-            key = repr((id(model), tol, config.kernels,
-                        max(r.prompt_len for r in inputs.requests)))
-            if key not in self.e4_results:
-                self.e4_results[key] = equivalence.check_e4(model, inputs, tol=tol,
-                                                            kernels=config.kernels)
-            yield self.e4_results[key].model_copy(deep=True)
+            yield self.shared("E4", (model, tol, config.kernels,
+                                     max(r.prompt_len for r in inputs.requests)),
+                              lambda: equivalence.check_e4(model, inputs, tol=tol,
+                                                           kernels=config.kernels))
         if cfg.e5.enabled:
             yield equivalence.check_e5(model, inputs, config, engines=engines)
+
+    def shared(self, check: str, inputs: tuple, run: Callable[[], CheckResult]) -> CheckResult:
+        """``check``'s result on ``inputs`` (the model first, by identity), run once per runner
+        and model; each case gets its own copy."""
+        key = repr((check, id(inputs[0]), *inputs[1:]))
+        if key not in self.shared_checks:
+            self.shared_checks[key] = run()
+        return self.shared_checks[key].model_copy(deep=True)
 
     def run_case(self, case: Case, *, timing: bool = True) -> CaseResult:
         sc = case.scenario
