@@ -423,12 +423,13 @@ def test_check_json_on_stdout_with_progress_elsewhere(tmp_path):
     (scenario,) = document["scenarios"]
     assert document["verdict"] == "pass" and scenario["name"] == "tiny-check"
     outcomes = [c["outcome"] for c in scenario["cases"][0]["checks"]]
-    assert outcomes == ["pass", "pass", "info"]  # E1, layer S+1's exact KV, the approximation
-    assert scenario["counts"]["checks_passed"] == 2 and scenario["counts"]["checks_info"] == 1
+    # visibility, E1, layer S+1's exact KV, the approximation
+    assert outcomes == ["pass", "pass", "pass", "info"]
+    assert scenario["counts"]["checks_passed"] == 3 and scenario["counts"]["checks_info"] == 1
     table = invoke.swa_bench("check", str(path))
     assert table.returncode == 0
     last = table.stdout.strip().splitlines()[-1]
-    assert last.startswith("PASS: 2 of 2 checks passed (1 info results")
+    assert last.startswith("PASS: 3 of 3 checks passed (1 info results")
 
 
 def test_run_appends_its_report_to_the_step_summary_and_exports(tmp_path, monkeypatch):

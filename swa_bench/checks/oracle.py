@@ -427,3 +427,18 @@ def bounded_reference_metadata(
     meta.ring_slot = torch.where(keep.to(meta.ring_slot.device), meta.ring_slot, trash)
     return {layer: meta
             for layer in range(args.last_kv_source + 1, args.n_layers + args.dspark_layers)}
+
+
+# --- the indexer's causal visibility ------------------------------------------------------
+
+
+def visible_key_count(positions: torch.Tensor, ratio: int) -> torch.Tensor:
+    """How many of a KV source's global keys a query row at each position may read (SPEC 1b and
+    DeepSeek-V4.1 ``Indexer.forward``'s causal mask), derived from what a key is rather than
+    taken from the model's ``key_sources``: key ``j`` pools the ``ratio`` positions
+    ``j r .. j r + r - 1`` (at ratio 1, position ``j`` alone) and exists once its last one has
+    been seen, so the row at ``t`` reads keys ``0 .. floor((t - (r - 1)) / r)``, none while its
+    first group is still open. A real row lies inside its sequence, so each of those groups began
+    there too. ``positions``: the real rows' positions, long."""
+    newest = torch.div(positions - (ratio - 1), ratio, rounding_mode="floor")
+    return (newest + 1).clamp(min=0)

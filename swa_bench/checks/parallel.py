@@ -6,7 +6,9 @@ Every function here is a collective: each rank of the group calls it with its ow
   every rank (DP.route, exact); this rank's logits and caches equal the same requests run alone on
   this rank (DP.alone, rounding envelope: a rank with nothing to trim ran the replay batch with
   all rows kept, GEMMs of another row order); in a graph mode the agreed graph step equals the
-  eager forward of the same agreed plan and padded shape bitwise (DP.graph).
+  eager forward of the same agreed plan and padded shape bitwise (DP.graph). Its collectives
+  are watched: a rank that skips one or reduces wrongly fails DP.route within the deadline, the
+  message naming the rank and the collective, instead of hanging the job.
 * ``check_tp``: a TP/EP-sharded model's logits and caches equal the one-rank model's on the same
   requests (TP.one_rank, rounding envelope: partial sums reduced in another order).
 """
@@ -23,6 +25,7 @@ from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer
 from swa_bench.parallel.agreement import DataParallelAgreement, route_agreement
+from swa_bench.parallel.collectives import DEFAULT_DEADLINE_S, CollectiveFailure, enter
 from swa_bench.results import CheckResult
 
 
@@ -45,6 +48,9 @@ def _within_envelope(
     return diags
 
 
+CHECK_DEADLINE_S = 120.0  # per collective once every rank has begun the DP checks
+
+
 def check_dp(
     model: Transformer,
     inputs: StepInputs,
@@ -52,14 +58,29 @@ def check_dp(
     group: dist.ProcessGroup,
     *,
     disagree: bool = False,
+    deadline_s: float = CHECK_DEADLINE_S,
 ) -> list[CheckResult]:
     """DP.route, DP.alone and DP.graph for this rank's ``inputs``; ``disagree`` is the test hook
-    of a rank that ignores the agreement."""
+    of a rank that ignores the agreement. The ranks first meet (within the process group's own
+    timeout: each ran its own checks before, for as long as they take); from there each
+    collective waits at most ``deadline_s`` for the others. A watched collective that fails
+    ends the DP checks at once with a failed DP.route naming the rank and the collective."""
+    try:
+        enter("DP checks begin", group, deadline_s=DEFAULT_DEADLINE_S)
+        return _check_dp(model, inputs, config, group, disagree, deadline_s)
+    except CollectiveFailure as err:
+        return [CheckResult(id="DP.route", name="DP ranks take one route", passed=False,
+                            mode="bitwise", message=str(err))]
+
+
+def _check_dp(model: Transformer, inputs: StepInputs, config: EngineConfig,
+              group: dist.ProcessGroup, disagree: bool, deadline_s: float) -> list[CheckResult]:
     dtype = model.embed.weight.dtype
     with check_precision():
-        agreeing = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree))
+        agreeing = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree,
+                                                                     deadline_s=deadline_s))
         out = _step(agreeing, inputs)
-        report = route_agreement(out.plan, group)
+        report = route_agreement(out.plan, group, deadline_s)
         alone = Engine(model, config)
         ref = _step(alone, inputs)
         checks = [
@@ -89,7 +110,8 @@ def check_dp(
                 )
             )
             return checks
-        graph = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree))
+        graph = Engine(model, config, agree=DataParallelAgreement(group, disagree=disagree,
+                                                                  deadline_s=deadline_s))
         eager = Engine(model, EngineConfig.for_model(model.args, policy=config.policy,
                                                      halo_align=config.halo_align,
                                                      kernels=config.kernels))

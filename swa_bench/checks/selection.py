@@ -20,12 +20,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swa_bench.checks.comparison import Tolerance, envelope_tolerance
-from swa_bench.checks.oracle import OracleOutput
-from swa_bench.engine.engine import StepOutput
+from swa_bench.checks.comparison import Tolerance, check_result, envelope_tolerance
+from swa_bench.checks.oracle import OracleOutput, smallest_capture_size, visible_key_count
+from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.engine import Engine, StepOutput, run_forward
+from swa_bench.engine.step_inputs import StepInputs
+from swa_bench.model.args import ModelArgs
+from swa_bench.model.batch import StepBatch
 from swa_bench.model.cache import KVCache
+from swa_bench.model.forward_context import ForwardContext
+from swa_bench.model.key_sources import visible_global_keys
+from swa_bench.model.model import Transformer
 from swa_bench.model.sparse_attention import candidate_mask, index_scores
-from swa_bench.results import Diagnostic
+from swa_bench.results import CheckResult, Diagnostic
 
 
 def near_tie_ratio(
@@ -133,3 +140,175 @@ def compare_selections(
             given.index_copy_(0, at, mine[: len(rows)][subsets[layer]].to(given.device))
             out.given[layer] = given
     return out
+
+
+# --- visibility: what each row may select, against the oracle's restatement ------------------
+
+
+def _rows_diagnostic(name: str, bad: torch.Tensor, positions: torch.Tensor, detail: str
+                     ) -> Diagnostic | None:
+    """The rows (real rows of one forward) where ``bad`` holds, as one diagnostic naming the
+    first one's position."""
+    n_bad = int(bad.sum())
+    if not n_bad:
+        return None
+    first = int(bad.nonzero()[0, 0])
+    return Diagnostic(tensor=f"{name}: {detail} (first at row {first}, position "
+                      f"{int(positions[first])})", mismatched=n_bad, total=bad.numel(),
+                      share=n_bad / bad.numel(), max_abs=0.0, max_rel=0.0, worst_index=[first])
+
+
+VISIBILITY_ROW_CHUNK = 1024  # rows per pass: the per-position masks stay [chunk, keys]
+
+
+def selection_visibility(prefix: str, selection: torch.Tensor, positions: torch.Tensor,
+                          counts: torch.Tensor, query) -> list[Diagnostic | None]:
+    """One index source's ``[rows, top_k]`` selection of the real rows against ``counts``, the
+    oracle's visible keys per row: every chosen position distinct and visible (within the row's
+    candidate blocks after S), and as many chosen as there are to choose, up to ``top_k`` (a
+    score is finite at every visible position, so top-k never leaves one out for a pad)."""
+    sel_all = selection.long().cpu()
+    k = sel_all.shape[1]
+    if not sel_all.shape[0]:
+        return []
+    within_all = None if query.within is None else query.within[: sel_all.shape[0]].long().cpu()
+    invisible, repeated, taken, expected = [], [], [], []
+    for r0 in range(0, sel_all.shape[0], VISIBILITY_ROW_CHUNK):
+        sel = sel_all[r0 : r0 + VISIBILITY_ROW_CHUNK]
+        n = counts[r0 : r0 + VISIBILITY_ROW_CHUNK]
+        chosen = sel >= 0
+        width = int(n.max()) + 1 if len(n) else 1
+        visible = chosen & (sel < n[:, None])
+        available = n
+        if within_all is not None:  # after S: the row's candidate blocks' positions only
+            size = query.block_size
+            n_blocks = -(-width // size)
+            within = within_all[r0 : r0 + VISIBILITY_ROW_CHUNK]
+            listed = torch.zeros(len(sel), n_blocks + 1, dtype=torch.bool)
+            listed.scatter_(1, torch.where((within >= 0) & (within < n_blocks), within,
+                                           n_blocks), True)
+            listed = listed[:, :n_blocks]
+            starts = torch.arange(n_blocks)[None, :] * size
+            in_block = (n[:, None] - starts).clamp(0, size)  # visible positions per block
+            available = (in_block * listed).sum(-1)
+            visible &= listed.gather(1, torch.where(visible, sel, 0) // size)
+        member = torch.zeros(len(sel), width + 1, dtype=torch.bool)
+        member.scatter_(1, torch.where(visible, sel, width), True)
+        invisible.append((chosen & ~visible).any(-1))
+        repeated.append(member[:, :width].sum(-1) < visible.sum(-1))
+        taken.append(chosen.sum(-1))
+        expected.append(available.clamp(max=k))
+    invisible, repeated = torch.cat(invisible), torch.cat(repeated)
+    taken, expected = torch.cat(taken), torch.cat(expected)
+    return [
+        _rows_diagnostic(f"{prefix}chose_invisible", invisible, positions,
+                         "a chosen position the oracle's causal rule does not make visible"),
+        _rows_diagnostic(f"{prefix}chose_repeated", repeated, positions,
+                         "a position chosen twice"),
+        _rows_diagnostic(f"{prefix}chosen_count", taken != expected, positions,
+                         f"rows choosing other than min(top_k = {k}, visible) positions, e.g. "
+                         + _first_pair(taken, expected)),
+    ]
+
+
+def _first_pair(got: torch.Tensor, want: torch.Tensor) -> str:
+    """The first differing row's pair of figures, for the message."""
+    bad = (got != want).nonzero()
+    if not len(bad):
+        return ""
+    i = int(bad[0, 0])
+    return f"{int(got[i])} where the oracle has {int(want[i])}"
+
+
+def candidate_visibility(prefix: str, blocks: torch.Tensor, positions: torch.Tensor,
+                          counts: torch.Tensor, block_size: int) -> list[Diagnostic | None]:
+    """S's published candidate blocks ``[rows, width]`` against the oracle's visible counts:
+    only blocks holding a visible position, the block of the newest visible position among them
+    (pinned), and as many as there are up to ``width``."""
+    b = blocks.long().cpu()
+    listed = b >= 0
+    reachable = -(-counts // block_size)
+    newest = torch.div(counts - 1, block_size, rounding_mode="floor")
+    pinned = (b == newest[:, None]).any(-1) | (counts == 0)
+    return [
+        _rows_diagnostic(f"{prefix}unreachable_block", (listed & (b >= reachable[:, None])
+                                                        ).any(-1), positions,
+                         "a listed block holds no position the oracle makes visible"),
+        _rows_diagnostic(f"{prefix}newest_block_missing", ~pinned, positions,
+                         "the block of the newest visible position is not listed"),
+        _rows_diagnostic(f"{prefix}block_count", listed.sum(-1) != reachable.clamp(
+            max=b.shape[1]), positions, "rows listing other than min(width, reachable) blocks"),
+    ]
+
+
+def visibility_diagnostics(prefix: str, args: ModelArgs, step: StepBatch,
+                           context: ForwardContext) -> list[Diagnostic | None]:
+    """A forward's visibility against ``oracle.visible_key_count`` on every real row: the visible
+    counts its metadata gives each layer's global keys (``key_sources.visible_global_keys``, what
+    dense attention and the indexer mask with), each index source's selection and S's candidate
+    blocks. ``context`` ran ``step`` with ``index_queries`` recorded."""
+    rows = step.num_tokens
+    positions = step.metadata.positions[:rows].long().cpu()
+    diags: list[Diagnostic | None] = []
+    ratios = sorted({r for layer in range(args.n_layers)
+                     if (r := args.compress_ratio_for(layer)) is not None})
+    for ratio in ratios:
+        want = visible_key_count(positions, ratio)
+        got = visible_global_keys(step.metadata, ratio)[:rows].long().cpu()
+        diags.append(_rows_diagnostic(f"{prefix}visible_keys.ratio{ratio}", got != want,
+                                      positions, "visible global keys differ from the oracle's "
+                                      "causal rule, e.g. " + _first_pair(got, want)))
+    for layer, selection in sorted(context.index_selection.items()):
+        query, ratio = context.index_queries[layer], args.compress_ratio_for(layer)
+        if ratio is None:
+            continue
+        counts = visible_key_count(positions, ratio)
+        diags += selection_visibility(f"{prefix}layer{layer}.", selection[:rows], positions,
+                                       counts, query)
+        if query.publishes is not None and context.candidates is not None:
+            diags += candidate_visibility(f"{prefix}layer{layer}.candidates.",
+                                           context.candidates[:rows], positions, counts,
+                                           query.publishes.block_size)
+    return diags
+
+
+def check_visibility(model: Transformer, workload: StepInputs, config: EngineConfig
+                     ) -> CheckResult:
+    """Every row of the workload's step sees exactly the global keys the SPEC's causal rule gives
+    it, restated in the oracle (``oracle.visible_key_count``), which shares nothing with the
+    model's ``key_sources``: a visibility off by one there moves the engine, the oracle's
+    forward, the bounded reference and the full prefill together, so E1-E5 cannot see it.
+
+    The whole step runs once as the reference (every layer on every row, varlen shapes) and,
+    when it fits one of the case's capture sizes, once more at static shapes padded to it (the
+    shapes a FULL graph of the step runs, whatever the case's graph mode: the static selection
+    path then runs in every such case, not in FULL cases alone), on the case's kernels from the
+    workload's caches; each forward's visible counts, index selections and candidate blocks are
+    graded by ``visibility_diagnostics``."""
+    tokens = sum(r.query_len for r in workload.requests)
+    pad = smallest_capture_size(tokens, config.capture_sizes or ())
+    modes = ["varlen"] + ([] if pad is None else ["static"])
+    base = Engine(model, EngineConfig.for_model(model.args, policy="full",
+                                                kernels=config.kernels))
+    workload.fill_context(base)
+    diags: list[Diagnostic | None] = []
+    for mode in modes:
+        engine = base  # the last forward runs on the filled caches, the others on copies
+        if mode != modes[-1]:
+            engine = Engine(model, base.config)
+            engine.cache.copy_from(base.cache)
+        step = engine.prepare(workload.requests, workload.step_tokens, workload.cache_indices,
+                              pad_to=pad if mode == "static" else None)
+        ctx = ForwardContext(attn_metadata=step.metadata, logits_indices=step.logits_indices,
+                             cache=engine.cache, kernels=engine.kernels, shape_mode=mode,
+                             index_queries={})
+        run_forward(model, step, ctx)
+        diags += visibility_diagnostics(f"{mode}.", model.args, step, ctx)
+        del engine
+    sources = len(model.args.index_source_list())
+    note = (f"{' and '.join(modes)} forward of {workload.shape()}"
+            + (f" (padded to {pad})" if pad is not None else "") + ": visible counts"
+            + (f", {sources} index sources' selections" if sources else "")
+            + " vs the oracle's causal rule")
+    return check_result("visibility", "every row sees the SPEC's visible keys", diags, None,
+                        note)

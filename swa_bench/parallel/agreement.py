@@ -9,6 +9,11 @@ A rank with nothing to trim then gathers, runs and scatters all of its rows.
 ``route_agreement`` verifies it after the fact: it all-gathers each rank's plan and names the
 ranks that differ. The ``disagree`` hook makes a rank ignore the agreement (it still takes part
 in the all-reduce, so the job does not hang): the check must catch it.
+
+Both collectives are watched (``collectives.enter``): a rank that skips the all-reduce, or fails
+before it, makes the others fail within the deadline naming it, not hang; and each rank posts the
+two numbers it reduces on the way in, so its all-reduce's result is checked against the max of
+what every rank posted (a reduction with another operator fails, naming the rank it gave).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import torch
 import torch.distributed as dist
 
 from swa_bench.engine.dispatch import AgreedRoute, StepPlan
+from swa_bench.parallel.collectives import DEFAULT_DEADLINE_S, enter, report_failure
 
 EAGER = 1 << 62  # the padded size a rank running eagerly reports: the max makes everyone eager
+AGREEMENT = "DP agreement all_reduce(MAX)"
+ROUTE_REPORT = "DP route report all_gather"
 
 
 @dataclass
@@ -29,13 +37,22 @@ class DataParallelAgreement:
 
     group: dist.ProcessGroup
     disagree: bool = False  # test hook: keep this rank's own decision
+    # How long a rank waits for the others at the all-reduce before failing, naming them.
+    deadline_s: float = DEFAULT_DEADLINE_S
 
     def __call__(self, plan: StepPlan) -> AgreedRoute:
         size = EAGER if plan.graph_size is None else plan.graph_size
+        entry = enter(AGREEMENT, self.group, (int(plan.replays), size), self.deadline_s)
         device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
         mine = torch.tensor([int(plan.replays), size], dtype=torch.int64, device=device)
         agreed = mine.clone()
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
+        got = tuple(int(v) for v in agreed.tolist())
+        want = tuple(max(column) for column in zip(*entry.posted, strict=True))
+        if got != want:
+            raise report_failure(self.group, (
+                f"rank {dist.get_rank()}: {entry.describe()} gave (replays, size) = {got}, not "
+                f"the max {want} of what the ranks posted {entry.posted}: not a MAX reduction"))
         replays, size = (int(v) for v in (mine if self.disagree else agreed).tolist())
         return AgreedRoute(bool(replays), None if size == EAGER else size, self.group.size())
 
@@ -59,8 +76,10 @@ class RouteReport:
         return ("routes agree: " if self.agreed else "routes DISAGREE: ") + per_rank
 
 
-def route_agreement(plan: StepPlan, group: dist.ProcessGroup) -> RouteReport:
-    """All-gathers the plan each rank ran (a collective: every rank calls it)."""
+def route_agreement(plan: StepPlan, group: dist.ProcessGroup,
+                    deadline_s: float = DEFAULT_DEADLINE_S) -> RouteReport:
+    """All-gathers the plan each rank ran (a collective: every rank calls it, watched)."""
+    enter(ROUTE_REPORT, group, deadline_s=deadline_s)
     gathered: list = [None] * group.size()
     dist.all_gather_object(gathered, (plan.replays, plan.graph_size, plan.reason), group=group)
     return RouteReport([(r, s) for r, s, _ in gathered], [why for _, _, why in gathered])

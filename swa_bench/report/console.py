@@ -32,7 +32,7 @@ from swa_bench.results import (
 )
 
 _SHORT = {"graph_mode": "mode", "trim_threshold": "threshold", "prompt_len": "prompt",
-          "approximation": "approx"}
+          "approximation": "approx", "visibility": "visible"}
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold red",
                   "unverified": "bold yellow"}
 _OUTCOME = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "error": "[bold red]ERROR[/]",

@@ -20,7 +20,7 @@ import torch
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.bench.prompts import prompt_result, time_prompt
 from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
-from swa_bench.checks import equivalence
+from swa_bench.checks import equivalence, selection
 from swa_bench.checks import prompts as prompt_checks
 from swa_bench.checks.approximation import check_bounds, measure
 from swa_bench.checks.comparison import Tolerance
@@ -80,6 +80,10 @@ class CaseRunner:
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
         self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings
+        # Checks that read only the model and a few inputs, not the case's policy or graph mode
+        # (E4: tolerance, kernels, longest prompt; visibility: kernels, capture sizes, the step),
+        # by those inputs: the cases of one model share one run.
+        self.shared_checks: dict[str, CheckResult] = {}
 
     def device_tflops(self, dtype: str, threads: int | None) -> float:
         """This device's GEMM rate in ``dtype``, measured once per run: what MFU is against."""
@@ -99,6 +103,7 @@ class CaseRunner:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.full_tasks.clear()
+            self.shared_checks.clear()
             self.models[key] = self.build_model(case)
         return self.models[key]
 
@@ -178,9 +183,17 @@ class CaseRunner:
         """E1-E5 one by one, each run when asked for (and not in ``skip``: a prompt case runs
         E1 and E2 on its carried caches instead). E1, E2 and E5 run the engine of the case's
         configuration (its graph mode too) against the oracle; E3 compares its graphs with eager
-        at their padded shapes."""
+        at their padded shapes. Before them (with E1 or E2), every row's visible keys and
+        selections against the oracle's causal rule (``selection.check_visibility``)."""
         sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
         engines = functools.partial(self.engine, model)
+        if cfg.e1.enabled or cfg.e2.enabled:
+            # E1's and E2's truths and the oracle share the model's visibility rule: graded
+            # apart, first (what every later comparison assumes).
+            yield self.shared("visibility", (model, config.kernels, config.capture_sizes,
+                                             inputs.requests, inputs.cache_indices,
+                                             hash(tuple(map(tuple, inputs.sequences)))),
+                              lambda: selection.check_visibility(model, inputs, config))
         if cfg.e1.enabled and "e1" not in skip:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
                                        tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
@@ -191,9 +204,20 @@ class CaseRunner:
             yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:
             tol = Tolerance.for_dtype(DTYPES[sc.dtype], cfg.e4.rtol, cfg.e4.atol)
-            yield equivalence.check_e4(model, inputs, tol=tol, kernels=config.kernels)
+            yield self.shared("E4", (model, tol, config.kernels,
+                                     max(r.prompt_len for r in inputs.requests)),
+                              lambda: equivalence.check_e4(model, inputs, tol=tol,
+                                                           kernels=config.kernels))
         if cfg.e5.enabled:
             yield equivalence.check_e5(model, inputs, config, engines=engines)
+
+    def shared(self, check: str, inputs: tuple, run: Callable[[], CheckResult]) -> CheckResult:
+        """``check``'s result on ``inputs`` (the model first, by identity), run once per runner
+        and model; each case gets its own copy."""
+        key = repr((check, id(inputs[0]), *inputs[1:]))
+        if key not in self.shared_checks:
+            self.shared_checks[key] = run()
+        return self.shared_checks[key].model_copy(deep=True)
 
     def run_case(self, case: Case, *, timing: bool = True) -> CaseResult:
         sc = case.scenario

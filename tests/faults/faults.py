@@ -15,6 +15,8 @@ import torch
 import swa_bench.engine.dispatch as dispatch
 import swa_bench.engine.engine as engine_mod
 import swa_bench.graphs.capture as capture
+import swa_bench.model.attention as attention
+import swa_bench.model.key_sources as key_sources
 import swa_bench.model.sparse_attention as sparse_attention
 import swa_bench.replay.replay_batch as replay_batch
 import swa_bench.replay.row_selection as row_selection
@@ -196,6 +198,19 @@ def _indexer_wrong_rows(mp):
     mp.setattr(sparse_attention, "select_top_k", select_top_k)
 
 
+def visibility_off_by_one(mp):
+    """The causal visibility one short, ``j < t // r`` (``j < t`` at ratio 1) where the rule is
+    ``j < (t + 1) // r``: in ``key_sources.visible_counts`` and where the indexer and attention
+    bound it, so every path (engine, oracle forward, references) moves together."""
+    real = key_sources.visible_counts
+
+    def visible_counts(positions, seq_len, ratio):
+        return real(positions - 1, seq_len, ratio)
+
+    for module in (key_sources, sparse_attention, attention):
+        mp.setattr(module, "visible_counts", visible_counts)
+
+
 def _layer_s_kept_starts(rb, step, args):
     meta = rb.forward_context.layer_metadata[args.last_kv_source]
     meta.window_start = rb.forward_context.attn_metadata.window_start.clone()
@@ -303,6 +318,8 @@ FAULTS = [
           _cache_index_batch_order, (COVERAGE, COV_EAGER)),
     Fault("indexer reads wrong query rows", "top-k on the replay batch",
           _indexer_wrong_rows, (SPARSE, SPARSE_EAGER_BOUNDED)),
+    Fault("indexer visibility j < t", "causal visibility off by one on every path",
+          visibility_off_by_one, (SPARSE, SPARSE_EAGER_BOUNDED)),
     Fault("padded exactly to trim_threshold does not replay", "threshold comparison",
           _plan_fault(_threshold_exclusive), (COVERAGE, COV_PIECEWISE_AT_THRESHOLD)),
     Fault("eager_trim_threshold ignored", "eager threshold", _eager_threshold_apply,

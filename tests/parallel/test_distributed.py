@@ -5,9 +5,11 @@ One spawn runs every scenario of the module (a process start costs seconds on CP
 writes its check results to a file the test reads.
 """
 
+import contextlib
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -17,10 +19,13 @@ import torch.multiprocessing as mp
 from swa_bench.checks.equivalence import check_e3
 from swa_bench.checks.parallel import check_dp, check_tp
 from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.dispatch import AgreedRoute
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model
 from swa_bench.model.requests import RequestSpec
+from swa_bench.parallel import agreement
+from swa_bench.parallel.collectives import CollectiveFailure, enter
 from swa_bench.parallel.layout import ParallelLayout
 from swa_bench.parallel.sharded import build_sharded_model
 
@@ -54,7 +59,56 @@ def _dp(rank):
     out["fault"] = [
         _summary(c) for c in check_dp(model, inputs, config, dist.group.WORLD, disagree=rank == 1)
     ]
+    # PIECEWISE: the ranks' padded sizes differ (64 and 16), so SUM changes the agreed one.
+    piecewise = EngineConfig.for_model(args, graph_mode="piecewise", capture_sizes=SIZES)
+    faults = (("skips_all_reduce", lambda: _skip_all_reduce(rank == 1)),
+              ("wrong_operator", _sum_reduce))
+    for name, fault in faults:
+        group = dist.new_group([0, 1])  # a group of its own: the fault leaves it failed
+        start = time.monotonic()
+        with fault():
+            checks = check_dp(model, inputs, piecewise, group, deadline_s=DEADLINE_S)
+        out[name] = {"checks": [_summary(c) for c in checks], "seconds": time.monotonic() - start}
+    group = dist.new_group([0, 1])
+    if rank == 0:  # rank 1 never comes to it
+        start = time.monotonic()
+        try:
+            enter("lonely", group, deadline_s=DEADLINE_S)
+        except CollectiveFailure as err:
+            out["never_comes"] = {"error": str(err), "seconds": time.monotonic() - start}
     return out
+
+
+DEADLINE_S = 5.0
+
+
+@contextlib.contextmanager
+def _skip_all_reduce(faulty):
+    """On the faulty rank, the agreement returns the rank's own route without its all-reduce."""
+    real = agreement.DataParallelAgreement.__call__
+    if faulty:
+        agreement.DataParallelAgreement.__call__ = (
+            lambda self, plan: AgreedRoute(plan.replays, plan.graph_size, self.group.size()))
+    try:
+        yield
+    finally:
+        agreement.DataParallelAgreement.__call__ = real
+
+
+@contextlib.contextmanager
+def _sum_reduce():
+    """The agreement's all-reduce with SUM for MAX, on every rank (on one rank of two, gloo may
+    reduce on the other: the agreed route then comes out right)."""
+    real = dist.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        return real(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
 
 
 def _tp(rank):
@@ -120,6 +174,33 @@ def test_a_disagreeing_rank_is_caught(ranks):
         route = _by_id(rank["dp"]["fault"])["DP.route"]
         assert not route["passed"]
         assert "rank 0: replay at eager, rank 1: whole batch at eager" in route["message"]
+
+
+def test_a_rank_skipping_the_all_reduce_fails_the_check_in_bounded_time(ranks):
+    """Without the watchdog rank 0 waits in the all-reduce forever: here both ranks fail DP.route
+    within a minute (the deadline and a poll), naming rank 1 and the collective."""
+    for rank in ranks:
+        run = rank["dp"]["skips_all_reduce"]
+        assert run["seconds"] < 60, run
+        (route,) = run["checks"]
+        assert route["id"] == "DP.route" and not route["passed"]
+        assert "watched collective #2 of the group [0, 1] differs between ranks (rank 0: DP " \
+            "agreement all_reduce(MAX); rank 1: DP route report all_gather)" in route["message"]
+
+
+def test_a_rank_that_never_comes_is_named_at_the_deadline(ranks):
+    lonely = ranks[0]["dp"]["never_comes"]
+    assert lonely["seconds"] < DEADLINE_S + 5, lonely
+    assert lonely["error"] == ("rank 0: lonely (watched collective #1 of the group [0, 1]) timed "
+                               "out after 5 s: rank 1 never reached it"), lonely
+
+
+def test_a_rank_reducing_with_another_operator_fails_the_check(ranks):
+    for rank in ranks:
+        (route,) = rank["dp"]["wrong_operator"]["checks"]
+        assert not route["passed"]
+        assert "gave (replays, size) = (2, 80), not the max (1, 64)" in route["message"]
+        assert "not a MAX reduction" in route["message"], route["message"]
 
 
 @pytest.mark.parametrize("case", [f"{p}/ep{e}/{m}" for p, e, m in TP_CASES])
