@@ -100,7 +100,8 @@ def test_the_flop_cache_keeps_other_kernels_apart(monkeypatch):
     a sweep over ``kernels.backend`` must count each setting, not reuse the first one's."""
     counted = []
     monkeypatch.setattr(measure, "count_flops", lambda run: counted.append(run) or len(counted))
-    plan = SimpleNamespace(shape_mode="varlen", graph_size=None, replays=True, kept_lens=(4,))
+    plan = SimpleNamespace(shape_mode="varlen", graph_size=None, replays=True, kept_lens=(4,),
+                           replay_graph_size=None)
     model = object()
 
     def engine(kernels):

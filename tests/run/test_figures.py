@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from swa_bench.bench.flops import count_flops
+from swa_bench.checks import oracle
 from swa_bench.engine.engine import run_forward
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.kernels import TORCH_KERNELS
@@ -75,11 +76,21 @@ def spec_path(prompt_len: int, policy: str, mode: str, eager_threshold: int):
     return size, (keep, 1)
 
 
+def replay_pad(kept, mode) -> int | None:
+    """A PIECEWISE replay batch pads to the smallest replay capture size holding it (the
+    oracle's restatement of vLLM's table: 8, 16, ..., 64 here)."""
+    if kept is None or mode != "piecewise":
+        return None
+    table = oracle.replay_capture_size_table(ARGS.window, max(CAPTURE_SIZES), ARGS.max_requests)
+    return next((s for s in table if s >= sum(kept)), None)
+
+
 def flops_of(model, cache, inputs: StepInputs, size, kept, mode) -> int:
     step = build_step(inputs.requests, inputs.step_tokens, [0, 1], ARGS, "cpu", pad_to=size,
                       logit_slots=None if size is None else ARGS.max_requests)
     replay_batch = (None if kept is None
-                    else build_replay_batch(step, kept, ARGS, cache, TORCH_KERNELS))
+                    else build_replay_batch(step, kept, ARGS, cache, TORCH_KERNELS,
+                                            pad_to=replay_pad(kept, mode)))
     ctx = ForwardContext(step.metadata, step.logits_indices, cache, TORCH_KERNELS,
                          replay_batch=replay_batch,
                          shape_mode="static" if size and mode == "full" else "varlen")

@@ -53,7 +53,7 @@ def test_a_prompt_case_checks_every_chunk_and_times_both_paths(ran):
     assert result.status == "ok", (result.error, [c.message for c in result.checks
                                                   if not c.passed])
     assert [c.id for c in result.checks] == ["E1", "E1", "E1", "E2", "approximation.S+1",
-                                             "approximation", "E3", "E5"]
+                                             "approximation", "visibility", "E3", "E5"]
     assert result.label == "piecewise/halo/T=60/chunks=24+1d"
     assert (result.tokens, result.num_requests, result.timing) == (60, 2, None)
     (prompt,) = result.prompts
