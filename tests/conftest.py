@@ -46,3 +46,14 @@ def interpreter():
         pytest.skip("triton is not installed")
     if torch.cuda.is_available() or not triton_interpreting():
         pytest.skip("the GPU runs the compiled kernels (tests marked cuda)")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    the tiny model's GEMMs are too small to share, and two threads spin-waiting on a busy 2-core
+    machine made the chunked-prompt tests 20x slower."""
+    from swa_bench.bench.timing import num_threads
+
+    with num_threads(1):
+        yield

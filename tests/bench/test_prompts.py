@@ -7,7 +7,6 @@ import torch
 
 from swa_bench.bench.measure import TimingSettings
 from swa_bench.bench.prompts import prompt_result, run_prompt, time_prompt
-from swa_bench.bench.timing import num_threads
 from swa_bench.engine.chunked_prompt import ChunkedPrompt
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
@@ -17,12 +16,7 @@ SETTINGS = TimingSettings(warmup=0, iters=2, l2_flush=False, threads=1, breakdow
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's GEMMs are too small to share, and two threads
-    spin-waiting on a busy 2-core machine made these tests 20x slower."""
-    with num_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def timed(tiny_model):

@@ -5,7 +5,6 @@ can fail); E1 passes at every chunk of final_window's carried run."""
 
 import pytest
 
-from swa_bench.bench.timing import num_threads
 from swa_bench.checks import prompts
 from swa_bench.engine.chunked_prompt import ChunkedPrompt
 from swa_bench.engine.config import EngineConfig
@@ -16,12 +15,7 @@ K = 8  # = W: the continuation's minimum
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's GEMMs are too small to share, and two threads
-    spin-waiting on a busy 2-core machine made these tests 20x slower."""
-    with num_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def prompt(tiny_args):
