@@ -75,6 +75,11 @@ def measure_paths(
     for engine in (reference, replay):
         inputs.fill_context(engine)
         engine.capture()
+        if engine.replay_graphs is not None:
+            # Replay graphs are captured at a size's first use: one untimed step (it writes what
+            # every timed repetition writes again), so no sample, nor a timed loop's peak memory,
+            # holds a capture.
+            engine.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)
     engines = {"reference": reference, "replay": replay}
     timer = RegionTimer(device) if settings.breakdown else None
     plans: dict[str, StepPlan] = {}  # read from the timed steps' outputs, not planned again
