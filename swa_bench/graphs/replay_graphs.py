@@ -71,11 +71,6 @@ class ReplayGraphs:
         self.static_metadata: dict[int, AttentionMetadata] = {}
         self.capture_kv: dict[int, torch.Tensor] = {}  # each size's stand-in for the batch KV
         self.stats = CaptureStats()
-        self.replays = 0
-
-    @property
-    def captured(self) -> bool:
-        return bool(self.graphs)
 
     def run(
         self, run_layers: ReplayLayers, batch_kv: torch.Tensor, inputs: Sequence[torch.Tensor],
@@ -101,9 +96,7 @@ class ReplayGraphs:
                 # the checks read of it after the replay.
                 live.attn_metadata = live.attn_metadata.copy_into(self.static_metadata[size])
             with region(timer, "layers"), set_forward_context(live):
-                outputs = self.graphs[size].run({id(self.capture_kv[size]): batch_kv})
-        self.replays += 1
-        return outputs
+                return self.graphs[size].run({id(self.capture_kv[size]): batch_kv})
 
     def capture(
         self, run_layers: ReplayLayers, batch_kv: torch.Tensor, inputs: Sequence[torch.Tensor],
