@@ -388,6 +388,12 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
     kernels = kernel_differences(baseline, current)
     if kernels and allow_config_change:
         warnings.append("A/B: kernels differ (" + ", ".join(kernels) + ")")
+    if baseline.replay_capture_sizes != current.replay_capture_sizes:
+        warnings.append(f"replay graph sizes differ ({baseline.replay_capture_sizes or 'off'} -> "
+                        f"{current.replay_capture_sizes or 'off'})")
+    if None not in (baseline.replay_route, current.replay_route) and (
+            baseline.replay_route != current.replay_route):
+        warnings.append(f"route differs ({baseline.replay_route} -> {current.replay_route})")
     if (baseline.kernels is None) != (current.kernels is None):
         side = "baseline" if baseline.kernels is None else "current"
         warnings.append(f"kernels not recorded in {side} (an older results file): whether both "

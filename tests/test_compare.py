@@ -220,6 +220,19 @@ def test_a_newly_recorded_figure_only_warns():
     assert row.status == "warning" and "deterministic.breaks only in current" in row.reasons
 
 
+def test_replay_graphs_on_one_side_name_the_setting_and_the_route():
+    baseline = clean_run()
+    current = baseline.model_copy(deep=True)
+    base_case, case = baseline.cases[0], current.cases[0]
+    base_case.replay_route = "PIECEWISE graph of 64 >= trim_threshold 33"
+    case.replay_capture_sizes = [32, 64]
+    case.replay_route = base_case.replay_route + "; replay graph of 32 for 32 kept rows"
+    row = compare_runs(baseline, current).rows[0]
+    assert "replay graph sizes differ (off -> [32, 64])" in row.reasons
+    assert any(r.startswith("route differs (PIECEWISE graph of 64") for r in row.reasons)
+    assert not compare_runs(baseline, baseline.model_copy(deep=True)).rows[0].reasons
+
+
 def test_different_environments_warn_and_do_not_gate_timing():
     baseline = clean_run(seed=0)
     current = clean_run(replay_scale=1.20, seed=1)

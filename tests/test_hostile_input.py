@@ -93,6 +93,11 @@ SCENARIOS = [
      "model.overrides.vocab_size: the weights and caches need at least"),
     ("huge_context.yaml", "name: t\nmodel: {overrides: {max_seq_len: 9000000000000000000}}\n"
      + BASE, "model.overrides.max_seq_len: the weights and caches need at least"),
+    ("huge_replay_size.yaml", "name: t\ngraph_mode: piecewise\nreplay_capture_sizes: [8, "
+     "1000000000000]\n" + BASE, "replay_capture_sizes: replay capture size 1000000000000 "
+     "exceeds max_num_batched_tokens"),
+    ("replay_sizes_down.yaml", "name: t\ngraph_mode: piecewise\nreplay_capture_sizes: [16, 8]\n"
+     + BASE, "replay_capture_sizes: must be strictly increasing"),
     ("binary.yaml", "name: t\n\x00\x01\n", ""),
     ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
 ]

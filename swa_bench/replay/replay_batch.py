@@ -170,10 +170,12 @@ def build_replay_batch(step: StepBatch, lens: Sequence[int], args: ModelArgs, ca
         device=device, num_request_slots=slots,
     )
     kept = kept_rows(step.requests, lens)
-    rows = torch.tensor(kept, dtype=torch.long).to(device)
     padded = None
-    if pad_to is not None:
+    if pad_to is None:
+        rows = torch.tensor(kept, dtype=torch.long).to(device)
+    else:  # one copy: the kept rows are the padded rows' head
         padded = torch.tensor(kept + [0] * (pad_to - num_kept), dtype=torch.long).to(device)
+        rows = padded[:num_kept]
     context = ForwardContext(
         attn_metadata=metadata,
         logits_indices=rows.new_zeros(0),

@@ -204,6 +204,7 @@ class CaseResult(_Strict):
     graph_pool_bytes: int | None = None  # device memory those graphs hold (CUDA only)
     # The replay path's replay graphs (PIECEWISE, issue 34): the sizes captured by the end of the
     # timing, their capture time and the device memory they added to the pool (CUDA only).
+    replay_capture_sizes: list[int] = []  # the configured sizes (empty: replay graphs off)
     replay_graph_sizes: list[int] = []
     replay_capture_seconds: float | None = None
     replay_graph_pool_bytes: int | None = None

@@ -349,6 +349,7 @@ class CaseRunner:
             result.mfu[name] = result.achieved_tflops[name] / peak
         plan = m.plans["replay"]
         result.replay_route = plan.reason
+        result.replay_capture_sizes = list(config.replay_capture_sizes)
         graphs = replay.graphs
         result.deterministic = {
             "kept_rows": plan.num_kept,

@@ -42,11 +42,12 @@ from swa_bench.engine.config import (
     DEFAULT_REPLAY_GRAPHS,
     EngineConfig,
     GraphMode,
+    default_replay_capture_sizes,
     kernel_settings_from_environment,
     resolve_kernels,
     trim_threshold_problem,
 )
-from swa_bench.graphs.capture_sizes import capture_sizes_problem
+from swa_bench.graphs.capture_sizes import capture_sizes_problem, default_capture_sizes
 from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.moe import grouped_mm_problems
@@ -460,11 +461,11 @@ class Scenario(_Strict):
                 problem := trim_threshold_problem(self.trim_threshold, window)):
             out.append((("trim_threshold",), problem))
         if self.graph_mode == "piecewise" and self.replay_graphs:
+            capture = self.capture_sizes or default_capture_sizes(self.max_capture_size)
             try:
-                self.engine_config()
-            except ValueError as e:  # replay sizes beyond what a step can hold
-                if "replay" in str(e):
-                    out.append((("replay_capture_sizes",), str(e)))
+                default_replay_capture_sizes(args, capture, self.replay_capture_sizes)
+            except ValueError as e:  # sizes beyond what a step can hold
+                out.append((("replay_capture_sizes",), str(e)))
         steps = self.checks.approximation.continuation_steps
         if steps is not None and steps < window:
             out.append((("checks", "approximation", "continuation_steps"),
