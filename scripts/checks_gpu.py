@@ -83,7 +83,8 @@ def main() -> int:
     # Items: [flash-]{bf16,fp32,fault}-{16k,64k}; "flash-" runs the real v41-flash stack (top-512
     # indexer: E1/E2 also judge the top-k selections), otherwise v41-flash-shape.
     # CHECKS=e2,e5 narrows the checks run on each item (default: E1, E2, E5; e3 adds E3);
-    # GRAPH_MODE=piecewise runs them on PIECEWISE engines (replay graphs on).
+    # GRAPH_MODE=piecewise runs them on PIECEWISE engines (replay graphs on); PRECISION=fp8 in
+    # the release's numerics (model.precision).
     plan = sys.argv[1:] or ["bf16-16k", "fault-16k", "fp32-16k", "bf16-64k", "flash-bf16-16k"]
     only = os.environ.get("CHECKS", "e1,e2,e5").split(",")
     # A CPU dry run of this script: CHECKS_GPU_DRY=1 (tiny / sparse-tiny, 40 and 60 tokens).
@@ -102,7 +103,9 @@ def main() -> int:
             model = None
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            model, _ = build_model(build_args(preset), seed=0, device=device, dtype=dtype)
+            overrides = {"precision": os.environ.get("PRECISION", "bf16")}
+            model, _ = build_model(build_args(preset, overrides), seed=0, device=device,
+                                   dtype=dtype)
             built = (preset, dtype)
         tokens = {"16k": 40 if dry else 16384, "64k": 60 if dry else 65536}[size]
         label = f"{item} ({tokens} tokens)"

@@ -202,12 +202,17 @@ def _keyed(results: RunResults) -> dict[CaseKey, CaseResult]:
 
 
 def kernel_differences(baseline: CaseResult, current: CaseResult) -> list[str]:
-    """What differs between the kernels two cases ran (``backend torch -> triton``); none when
-    they agree or a side did not record them (a results file from before they were recorded)."""
+    """What differs between the kernels two cases ran (``backend torch -> triton``), their
+    numerics first (``precision bf16 -> fp8``): a case in another precision is another
+    computation; none when they agree or a side did not record them (an older results file)."""
+    numerics = [f"{key} {getattr(baseline, key)} -> {getattr(current, key)}"
+                for key in ("precision", "expert_precision")
+                if getattr(baseline, key) != getattr(current, key)]
     if baseline.kernels is None or current.kernels is None:
-        return []
+        return numerics
     before, after = baseline.kernels.model_dump(), current.kernels.model_dump()
-    return [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
+    return numerics + [f"{key} {before[key]} -> {after[key]}" for key in before
+                       if before[key] != after[key]]
 
 
 def environment_differences(baseline: RunResults, current: RunResults) -> list[str]:

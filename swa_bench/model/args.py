@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from swa_bench.model.ngram_hash import table_rows
 
 MAX_RESIDENT_BYTES = 4 * 2**40
+PRECISIONS = ("bf16", "fp8")
+EXPERT_PRECISIONS = ("w4a8", "w4a16")
 
 
 @dataclass
@@ -113,6 +115,15 @@ class ModelArgs:
     dspark_target_layers: list[int] = field(default_factory=list)
     dspark_n_routed_experts: int = 128
     dspark_n_activated_experts: int = 3
+    # The numerics (model/precision.py). "bf16": every weight and activation in the model's dtype.
+    # "fp8": the release's (DeepSeek-V4.1 ``dtype "fp8"``, ``expert_dtype "fp4"``): the fp8
+    # Linears' weights e4m3 per 32x32 block and their inputs per 32, routed experts e2m1 per 32
+    # along K, the window KV fp8, the compressed KV and the indexer's q and keys fp4.
+    # expert_precision (fp8 only) is how the routed experts run: "w4a8" as the reference's
+    # ``fp4_gemm`` (inputs fp8 per 32), "w4a16" as Hopper engines run them (vLLM Marlin: bf16
+    # inputs against the same fp4 weights).
+    precision: str = "bf16"
+    expert_precision: str = "w4a8"
 
     def __post_init__(self) -> None:
         self.kv_sources = list(self.kv_sources)
@@ -174,6 +185,7 @@ class ModelArgs:
         if self.index_topk is not None and self.index_topk < 1:
             out.append(("index_topk", "must be >= 1, or null for dense causal attention"))
         out += self.candidate_problems()
+        out += self.precision_problems()
         if self.expert_weight_pools is not None and self.expert_weight_pools < 1:
             out.append(("expert_weight_pools", "must be >= 1, or null for per-layer experts"))
         if self.index_sources is not None:
@@ -204,6 +216,29 @@ class ModelArgs:
                                         f"TiB from {field_name}), above the "
                                         f"{MAX_RESIDENT_BYTES // 2**40} TiB any one machine "
                                         "holds"))
+        return out
+
+    def precision_problems(self) -> list[tuple[str, str]]:
+        if self.precision not in PRECISIONS:
+            return [("precision", f"must be one of {', '.join(PRECISIONS)}, got "
+                                  f"{self.precision!r}")]
+        if self.expert_precision not in EXPERT_PRECISIONS:
+            return [("expert_precision", f"must be one of {', '.join(EXPERT_PRECISIONS)}, got "
+                                         f"{self.expert_precision!r}")]
+        if self.precision == "bf16":
+            return []
+        # Every quantised vector splits into whole groups (32; the compressed KV's 16).
+        widths = {"dim": self.dim, "q_lora_rank": self.q_lora_rank, "head_dim": self.head_dim,
+                  "moe_inter_dim": self.moe_inter_dim, "o_lora_rank": self.o_lora_rank,
+                  "index_head_dim": self.index_head_dim}
+        out = [(name, f"must be a multiple of 32 under precision fp8 (the quantisation "
+                      f"groups), got {value}")
+               for name, value in widths.items() if value % 32]
+        engram_in = self.engram_n_heads * self.engram_head_dim * (self.engram_max_ngram_size - 1)
+        if self.engram_layers and engram_in % 32:  # wkv reads the hash columns' rows side by side
+            out.append(("engram_head_dim", f"Engram's wkv input, engram_n_heads x "
+                        f"engram_head_dim x (engram_max_ngram_size - 1) = {engram_in}, must be "
+                        "a multiple of 32 under precision fp8"))
         return out
 
     def candidate_problems(self) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ After DeepSeek-V4.1 inference/engram.py (``EngramLayout``, ``NgramHashState``) a
 The n-grams of a row need the request's previous ``max_ngram - 1`` tokens, across chunks and
 decode steps: the cache keeps every request's compressed ids by position (``engram_tokens``,
 written through the rows' global slots: padded rows write nothing). Tables are in the model
-dtype (the reference's fp8 tables with per-32 scales are the precision issue's).
+dtype; under precision fp8 they hold the reference's fp8 values (``model.precision``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.ngram_hash import EngramLayout, hash_layout, ngram_hash_ids
+from swa_bench.model.precision import linear_input
 
 if TYPE_CHECKING:
     from swa_bench.model.args import ModelArgs
@@ -75,6 +76,7 @@ class Engram(nn.Module):
 
     def __init__(self, args: ModelArgs, layer: int) -> None:
         super().__init__()
+        self.args = args
         self.index = args.engram_layers.index(layer)
         self.hc, self.dim, self.eps = args.hc_mult, args.dim, args.norm_eps
         cols = (args.engram_max_ngram_size - 1) * args.engram_n_heads
@@ -96,7 +98,7 @@ class Engram(nn.Module):
         return tuple(torch.cat(chunk) for chunk in zip(*parts, strict=True))
 
     def lookup(self, streams: Streams, ids: torch.Tensor) -> Streams:
-        kv = self.wkv(self.embed(ids).flatten(1))
+        kv = self.wkv(linear_input(self.args, self.embed(ids).flatten(1)))
         value = kv[:, self.hc * self.dim :].float()
         weight = self.q_weight.float() * self.k_weight.float()  # only ever used as a product
         out = []

@@ -17,6 +17,7 @@ from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.key_sources import GlobalKV
 from swa_bench.model.norm import RMSNorm
+from swa_bench.model.precision import compressed_kv, index_vectors, linear_input, window_kv
 from swa_bench.model.rope import RopeSpec, apply_rope, rope_table
 from swa_bench.model.sparse_attention import CandidateBlocks, IndexQuery, Selection, select
 
@@ -76,9 +77,9 @@ class Attention(nn.Module):
         """The rows' index query; S's publishes its candidate blocks, a later index source's
         picks among ``within`` (S's candidate blocks of these rows) with candidates on."""
         n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
-        q = self.wq_index(q_latent).view(q_latent.shape[0], n_index, d_index)
-        q = self.rope(q, positions, self.index_rope_dim, inplace=True)
         args = self.args
+        q = self.wq_index(linear_input(args, q_latent)).view(q_latent.shape[0], n_index, d_index)
+        q = index_vectors(args, self.rope(q, positions, self.index_rope_dim, inplace=True))
         source = args.kv_source_for(self.layer)
         if not args.candidates or self.layer < args.last_kv_source:
             return IndexQuery(q, weights, source, args.index_topk)
@@ -103,16 +104,17 @@ class Attention(nn.Module):
         steps take eight."""
         args = self.args
         kernels = active_kernels()
+        x_in = linear_input(args, x)
         if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
-            return self.q_norm(self.wq_a(x)), self.project_kv(x)
+            return self.q_norm(self.wq_a(x_in)), self.project_kv(x, x_in)
         positions = get_forward_context().attn_metadata.positions
         cos_table, sin_table = rope_table(x.device, self.rope_spec)
         q_latent, kv, _ = norm_latents(
-            kernels, F.linear(x, self.stacked_latent_weight()), args.q_lora_rank,
+            kernels, F.linear(x_in, self.stacked_latent_weight()), args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
             positions, cos_table, sin_table, args.rope_dim)
         self.store_kv(x)
-        return q_latent, kv
+        return q_latent, window_kv(args, kv)
 
     def stacked_latent_weight(self) -> torch.Tensor:
         """``[wq_a; wkv]``, stacked once and again only when either weight changes (their
@@ -121,14 +123,16 @@ class Attention(nn.Module):
         return derived_from_weights(self, "_stacked_latent_weight", weights,
                                     lambda: torch.cat(weights))
 
-    def project_kv(self, x: torch.Tensor) -> torch.Tensor:
+    def project_kv(self, x: torch.Tensor, x_in: torch.Tensor | None = None) -> torch.Tensor:
         """The window K=V latent of every row by the PyTorch steps (layer S's part on every row,
-        and the path where ``project_latents`` does not fuse); a KV source's compressor writes
-        from the same rows (``store_kv``)."""
+        and the path where ``project_latents`` does not fuse), as stored (``window_kv``); a KV
+        source's compressor writes from the same rows (``store_kv``). ``x_in``: ``x`` as the
+        fp8 GEMM reads it, when the caller has it."""
         positions = get_forward_context().attn_metadata.positions
-        kv = self.rope(self.kv_norm(self.wkv(x)), positions, inplace=True)
+        x_in = linear_input(self.args, x) if x_in is None else x_in
+        kv = self.rope(self.kv_norm(self.wkv(x_in)), positions, inplace=True)
         self.store_kv(x)
-        return kv
+        return window_kv(self.args, kv)
 
     def store_kv(self, x: torch.Tensor) -> None:
         """A KV source's compressor on the step's rows ``x``: each group completed here is
@@ -141,20 +145,22 @@ class Attention(nn.Module):
         ctx = get_forward_context()
         groups = self.compressor(x, ctx.attn_metadata, ctx.cache)
         kv = self.rope(groups.latent, groups.start, self.args.rope_dim)
-        ctx.cache.compressed[self.layer].index_copy_(0, groups.slot, kv)
+        ctx.cache.compressed[self.layer].index_copy_(0, groups.slot,
+                                                     compressed_kv(self.args, kv))
         if self.writes_index_keys:
             keys = self.rope(self.index_norm(self.wk_index(groups.latent)), groups.start,
                              self.index_rope_dim, inplace=True)
-            ctx.cache.index_keys[self.layer].index_copy_(0, groups.slot, keys)
+            ctx.cache.index_keys[self.layer].index_copy_(0, groups.slot,
+                                                         index_vectors(self.args, keys))
 
     def publish_selection(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """S's indexer on every row of the batch (its attention input ``x``): its top-k and, with
         two-level candidates, its candidate blocks, published in the current context."""
-        return index_publication(self.q_norm(self.wq_a(x)), self.index_weights(x), self.layer,
-                                 self)
+        return index_publication(self.q_norm(self.wq_a(linear_input(self.args, x))),
+                                 self.index_weights(x), self.layer, self)
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
+        q = self.wq_b(linear_input(self.args, q_latent)).view(-1, self.n_heads, self.head_dim)
         return self.rope(q, positions, inplace=True)
 
     def rope(
@@ -176,7 +182,7 @@ class Attention(nn.Module):
         if kv is None:
             q_latent, kv = self.project_latents(x)
         else:
-            q_latent = self.q_norm(self.wq_a(x))
+            q_latent = self.q_norm(self.wq_a(linear_input(self.args, x)))
         weights = None if self.indexes_before_cut else self.index_weights(x)
         return self.project_out(attention_op(q_latent, kv, weights, self.layer, self))
 
@@ -188,10 +194,11 @@ class Attention(nn.Module):
         rows, groups = o.shape[0], self.args.o_groups
         grouped = o.reshape(rows, groups, self.wo_a.shape[1]).transpose(0, 1)
         if torch.is_grad_enabled() and (o.requires_grad or self.wo_a.requires_grad):
-            return self.wo_b(torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1))
+            return self.wo_b(linear_input(
+                self.args, torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1)))
         low = o.new_empty(rows, groups, self.wo_a.shape[2])  # bmm writes it through a view
         torch.bmm(grouped, self.wo_a, out=low.transpose(0, 1))
-        return self.wo_b(low.flatten(1))
+        return self.wo_b(linear_input(self.args, low.flatten(1)))
 
 
 @eager_break("attention")

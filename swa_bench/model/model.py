@@ -44,6 +44,7 @@ from swa_bench.model.hyper_connection import (
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
+from swa_bench.model.precision import quantise_weights
 
 __all__ = ["Block", "ModelOutput", "ReplayInputs", "ReplayLayers", "ReplayOutputs", "Streams",
            "Transformer", "build_model", "init_weights", "materialize", "replay_layers"]
@@ -323,5 +324,6 @@ def build_model(
         model = Transformer(args)
     model = materialize(model, dtype, device)
     init_weights(model, seed)
+    quantise_weights(model, args)
     model.eval().requires_grad_(False)
     return model, KVCache(args, device, dtype)

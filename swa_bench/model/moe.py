@@ -28,6 +28,7 @@ from swa_bench.kernels import (
 )
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import active_kernels
+from swa_bench.model.precision import expert_input, linear_input
 
 GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
 
@@ -192,6 +193,7 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = args.n_routed_experts, args.n_activated_experts
         self.inter = args.moe_inter_dim
         self.route_scale, self.swiglu_limit = args.route_scale, args.swiglu_limit
+        self.args = args
         self.gate = Gate(args)
         # A pool shared with other layers stays unregistered (the model owns it).
         self.own_experts = RoutedExperts(args) if shared_experts is None else None
@@ -230,32 +232,35 @@ class MoE(nn.Module):
             order = torch.argsort(pairs, stable=True)
             bounds = torch.arange(1, self.n_experts + 1, device=x.device)
             ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
-        w = self.experts
+        w, args = self.experts, self.args
+        x_in = expert_input(args, x)  # the route reads x as is; the experts' GEMMs, x_in
         if fused is not None and not native_grouped_mm(x):  # gather, SwiGLU, scatter in GEMMs
-            a = expert_gemm(fused, x, w.w13, ends, order, top_k=k, swiglu=True, limit=limit,
+            a = expert_gemm(fused, x_in, w.w13, ends, order, top_k=k, swiglu=True, limit=limit,
                             weights=weights)
-            return moe_combine(fused, expert_gemm(fused, a, w.w2, ends, order, scatter=True),
-                               None, k, out, shared)
-        h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
+            y = expert_gemm(fused, expert_input(args, a), w.w2, ends, order, scatter=True)
+            return moe_combine(fused, y, None, k, out, shared)
+        h = grouped_mm(x_in.index_select(0, order // k), w.w13, ends)
         if fused is not None:
-            a = silu_mul(fused, h, limit, weights, order)
+            a = expert_input(args, silu_mul(fused, h, limit, weights, order))
             return moe_combine(fused, grouped_mm(a, w.w2, ends), order, k, out, shared)
-        y = grouped_mm(swiglu(h, limit, weights.flatten()[order][:, None]), w.w2, ends)
-        return combine_pairs(y, order, k, shared, out, x.dtype)
+        a = expert_input(args, swiglu(h, limit, weights.flatten()[order][:, None]))
+        return combine_pairs(grouped_mm(a, w.w2, ends), order, k, shared, out, x.dtype)
 
     def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
         """The shared expert (the reference's ``shared_experts``: the routed experts' clamped
         SwiGLU, weight 1)."""
         if self.shared_w13 is None:
             return None
-        limit = self.swiglu_limit
+        limit, args = self.swiglu_limit, self.args
+        x_in = linear_input(args, x)
         if fused is not None and not native_grouped_mm(x):  # the GEMM and SwiGLU in one launch
-            return self.shared_w2(expert_gemm(fused, x, self.shared_w13.weight[None], None, None,
-                                              swiglu=True, limit=limit))
-        h = self.shared_w13(x)
-        if fused is not None:
-            return self.shared_w2(silu_mul(fused, h, limit))
-        return self.shared_w2(swiglu(h, limit))
+            a = expert_gemm(fused, x_in, self.shared_w13.weight[None], None, None, swiglu=True,
+                            limit=limit)
+        elif fused is not None:
+            a = silu_mul(fused, self.shared_w13(x_in), limit)
+        else:
+            a = swiglu(self.shared_w13(x_in), limit)
+        return self.shared_w2(linear_input(args, a))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert runs first: the routed experts' combine adds its output."""

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.model import Transformer
+from swa_bench.model.precision import quantise_weights
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -165,10 +166,12 @@ def check_weights(args: ModelArgs, header: Header, model: Transformer | None = N
 
 
 def load_weights(model: Transformer, path: Path) -> dict[str, str]:
-    """Copies the checkpoint into ``model`` (its device and dtype); returns its metadata."""
+    """Copies the checkpoint into ``model`` (its device and dtype), quantised as the model's
+    precision stores it (a bf16 checkpoint run in fp8); returns its metadata."""
     check_weights(model.args, read_header(path), model)
     tensors, metadata = read_weights(path)
     with torch.no_grad():
         for name, p in model.state_dict().items():
             p.copy_(tensors[name])
+    quantise_weights(model, model.args)
     return metadata

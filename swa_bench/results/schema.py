@@ -171,6 +171,9 @@ class KernelRecord(_Strict):
     tile: str  # the attention kernel's "block_n,block_dv,num_warps,num_stages", "auto"; "-": torch
     launch: str  # direct or triton; "-" on the PyTorch path
     interpret: bool  # Triton's interpreter ran the kernels (CPU tensors)
+    # How the fp8/fp4 GEMMs ran under precision fp8 (``model.precision.QUANTISED_GEMM``); "-":
+    # none (bf16), or an older results file.
+    quantised_gemm: str = "-"
 
 
 class CaseResult(_Strict):
@@ -182,6 +185,9 @@ class CaseResult(_Strict):
     error: str | None = None
     graph_mode: str
     policy: str
+    # The numerics it ran in (model/precision.py); expert_precision only under fp8.
+    precision: str = "bf16"
+    expert_precision: str | None = None
     trim_threshold: int
     tokens: int
     num_requests: int

@@ -32,6 +32,7 @@ from swa_bench.engine.dispatch import AgreedRoute, StepPlan
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
+from swa_bench.model.precision import quantised_gemm
 from swa_bench.model.weights import load_weights
 from swa_bench.results import CaseResult, CaseStatus, CheckResult, KernelRecord
 from swa_bench.scenario import Case, Scenario, ScenarioError
@@ -54,6 +55,8 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
     return CaseResult(
         case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
         status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
+        precision=sc.precision,
+        expert_precision=sc.expert_precision if sc.precision == "fp8" else None,
         trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
         num_requests=case.num_requests(), batch="",
     )
@@ -95,7 +98,8 @@ class CaseRunner:
 
     def model(self, case: Case) -> Transformer:
         sc = case.scenario
-        key = json.dumps([sc.model.model_dump(), sc.seed, sc.dtype], sort_keys=True, default=str)
+        key = json.dumps([sc.model.model_dump(), sc.seed, sc.dtype, sc.precision,
+                          sc.expert_precision], sort_keys=True, default=str)
         if key not in self.models:
             self.models.clear()
             self.engines.clear()
@@ -224,7 +228,8 @@ class CaseRunner:
         result = case_skeleton(case, status="ok")
         try:
             kernels = resolve_kernels(case.engine_config().kernels, self.device.type)
-            result.kernels = KernelRecord(**kernels.record())
+            result.kernels = KernelRecord(**kernels.record(),
+                                          quantised_gemm=quantised_gemm(case.model_args()))
             model = self.model(case)
             if sc.workload.prompts:
                 self.run_prompts(case, model, result, timing=timing)

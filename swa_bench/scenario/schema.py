@@ -360,6 +360,11 @@ class Scenario(_Strict):
     description: str = ""
     device: Device = "auto"
     dtype: Dtype = "float32"
+    # The numerics (model/precision.py): bf16, or the release's fp8 (fp8 dense, fp4 experts,
+    # fp8/fp4 KV); under fp8 the routed experts as the reference runs them (w4a8) or as Hopper
+    # engines do (w4a16). ModelArgs fields, set here so a sweep can vary them.
+    precision: Literal["bf16", "fp8"] = "bf16"
+    expert_precision: Literal["w4a8", "w4a16"] = "w4a8"
     seed: Seed = 0
     model: ModelSpec = Field(default_factory=ModelSpec)
     workload: Workload
@@ -415,7 +420,8 @@ class Scenario(_Strict):
         return self._max_cases
 
     def model_args(self) -> ModelArgs:
-        return self.model.args()
+        return self.model.args().replace(precision=self.precision,
+                                         expert_precision=self.expert_precision)
 
     def requests(self) -> list[RequestSpec]:
         return self.workload.specs()
@@ -451,7 +457,8 @@ class Scenario(_Strict):
 
     def problems(self) -> list[Problem]:
         """Every rule that needs the resolved model, as (location, message); empty when valid."""
-        model_problems = _model_problems(self.model) or self._weights_problems()
+        model_problems = (_model_problems(self.model) or self._precision_problems()
+                          or self._weights_problems())
         if model_problems:
             return model_problems
         args = self.model_args()
@@ -497,6 +504,13 @@ class Scenario(_Strict):
         if not out:  # the entries' own rules hold, so they build their requests
             out += self._decode_reserve_problems(args)
         return out
+
+    def _precision_problems(self) -> list[Problem]:
+        """Widths the precision's quantisation groups do not divide, blamed on ``precision``."""
+        probe = copy.copy(self.model.args())
+        probe.precision, probe.expert_precision = self.precision, self.expert_precision
+        return [(("precision",), f"{self.precision} cannot run this model: {field} {message}")
+                for field, message in probe.precision_problems()]
 
     def device_type(self) -> str:
         """Where the cases run: ``auto`` takes the GPU when one is visible (the one rule;
@@ -608,6 +622,9 @@ class Scenario(_Strict):
         return out
 
 
+SCENARIO_LEVEL_FIELDS = ("precision", "expert_precision")  # ModelArgs fields set by the scenario
+
+
 @cache
 def _override_adapter(field: str) -> TypeAdapter:
     return TypeAdapter(typing.get_type_hints(ModelArgs)[field])
@@ -618,6 +635,10 @@ def _model_problems(spec: ModelSpec) -> list[Problem]:
     out: list[Problem] = []
     for key, value in spec.overrides.items():
         loc: Loc = ("model", "overrides", key)
+        if key in SCENARIO_LEVEL_FIELDS:
+            out.append((loc, f"set {key} at the scenario's top level (`{key}:`), not as a "
+                             "model override"))
+            continue
         if key not in MODEL_FIELDS:
             close = difflib.get_close_matches(key, sorted(MODEL_FIELDS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

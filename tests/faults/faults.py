@@ -32,6 +32,8 @@ COV_HALO_ALIGNED = "eager/halo/T=87/halo_align=4/eager_trim_threshold=0/n_layers
 COV_EAGER_THRESHOLD = "eager/bounded/T=87/halo_align=1/eager_trim_threshold=96/n_layers=8"
 # S's indexer runs before the cut: an index source on the replay batch is one after S (layer 7).
 SPARSE, SPARSE_EAGER_BOUNDED = "scenarios/sparse-policies.yaml", "eager/bounded/T=37"
+PRECISION, FP8_EAGER_BOUNDED = ("scenarios/precision.yaml",
+                                "eager/bounded/T=61/precision=fp8/expert_precision=w4a8")
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,8 @@ FAULTS = [
           _full_graph_stale, (SMOKE, FULL_BOUNDED)),
     Fault("step padded to the next capture size", "dispatch padding", _padded_next,
           (SMOKE, PIECEWISE_BOUNDED)),
+    Fault("fp8 kept start +1", "off-by-one kept_kv_start under the release's numerics",
+          _window_start_fault(1), (PRECISION, FP8_EAGER_BOUNDED)),
 ]
 
 from tests.faults.pre_mix import PRE_MIX_FAULTS  # noqa: E402  (it builds on Fault above)

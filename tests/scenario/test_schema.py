@@ -209,6 +209,12 @@ BAD = [
     ("kernels: {launch: fast}\n", "kernels.launch", "'direct'"),
     ("kernels: {precision: fp8}\n", "kernels.precision", "unknown key"),
     ("sweep: {grid: {policy: []}}\n", "sweep.grid.policy", "empty"),
+    ("precision: int8\n", "precision", "'fp8'"),
+    ("expert_precision: w4a4\n", "expert_precision", "'w4a16'"),
+    ("precision: fp8\nmodel: {overrides: {q_lora_rank: 48}}\n", "precision",
+     "fp8 cannot run this model: q_lora_rank must be a multiple of 32"),
+    ("model: {overrides: {precision: fp8}}\n", "model.overrides.precision",
+     "at the scenario's top level"),
     ("sweep: {zip: [{}]}\n", "sweep.zip[0]", "empty"),
 ]
 
