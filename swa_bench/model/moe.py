@@ -218,11 +218,12 @@ class MoE(nn.Module):
         return gate(x)
 
     def routed(self, x: torch.Tensor, out: torch.Tensor | None = None,
-               fused: Kernels | None = None, shared: torch.Tensor | None = None) -> torch.Tensor:
+               fused: Kernels | None = None, shared: torch.Tensor | None = None,
+               x_in: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' sum for each row of ``x``, plus ``shared`` (the shared expert's
         output of those rows) when given, written into ``out`` when given; ``fused``: the
         inference kernels these rows run on (``fused_moe``, decided once per forward), None: the
-        PyTorch steps."""
+        PyTorch steps; ``x_in``: ``x`` as the experts' GEMMs read it (default: ``expert_input``)."""
         k, limit = self.top_k, self.swiglu_limit
         experts, weights = self.route(x, fused)
         if fused is not None:
@@ -233,7 +234,7 @@ class MoE(nn.Module):
             bounds = torch.arange(1, self.n_experts + 1, device=x.device)
             ends = torch.searchsorted(pairs[order], bounds, out_int32=True)
         w, args = self.experts, self.args
-        x_in = expert_input(args, x)  # the route reads x as is; the experts' GEMMs, x_in
+        x_in = expert_input(args, x) if x_in is None else x_in  # the route reads x as is
         if fused is not None and not native_grouped_mm(x):  # gather, SwiGLU, scatter in GEMMs
             a = expert_gemm(fused, x_in, w.w13, ends, order, top_k=k, swiglu=True, limit=limit,
                             weights=weights)
@@ -246,31 +247,33 @@ class MoE(nn.Module):
         a = expert_input(args, swiglu(h, limit, weights.flatten()[order][:, None]))
         return combine_pairs(grouped_mm(a, w.w2, ends), order, k, shared, out, x.dtype)
 
-    def shared_experts(self, x: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
+    def shared_experts(self, x_in: torch.Tensor, fused: Kernels | None) -> torch.Tensor | None:
         """The shared expert (the reference's ``shared_experts``: the routed experts' clamped
-        SwiGLU, weight 1)."""
+        SwiGLU, weight 1) of ``x_in``, the rows as its fp8 GEMM reads them (``linear_input``)."""
         if self.shared_w13 is None:
             return None
-        limit, args = self.swiglu_limit, self.args
-        x_in = linear_input(args, x)
-        if fused is not None and not native_grouped_mm(x):  # the GEMM and SwiGLU in one launch
+        limit = self.swiglu_limit
+        if fused is not None and not native_grouped_mm(x_in):  # GEMM and SwiGLU in one launch
             a = expert_gemm(fused, x_in, self.shared_w13.weight[None], None, None, swiglu=True,
                             limit=limit)
         elif fused is not None:
             a = silu_mul(fused, self.shared_w13(x_in), limit)
         else:
             a = swiglu(self.shared_w13(x_in), limit)
-        return self.shared_w2(linear_input(args, a))
+        return self.shared_w2(linear_input(self.args, a))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert runs first: the routed experts' combine adds its output."""
         kernels = active_kernels()
         fused = kernels if fused_moe(kernels, x) else None
-        shared = self.shared_experts(x, fused)
+        x_fp8 = linear_input(self.args, x)  # quantised once: the shared and (w4a8) routed GEMMs
+        shared = self.shared_experts(x_fp8, fused)
+        x_in = expert_input(self.args, x, x_fp8)
         if x.shape[0] <= MOE_ROWS:
-            return self.routed(x, fused=fused, shared=shared)
+            return self.routed(x, fused=fused, shared=shared, x_in=x_in)
         out = x.new_empty(x.shape)
         for r in range(0, x.shape[0], MOE_ROWS):
-            self.routed(x[r : r + MOE_ROWS], out[r : r + MOE_ROWS], fused,
-                        None if shared is None else shared[r : r + MOE_ROWS])
+            rows = slice(r, r + MOE_ROWS)
+            self.routed(x[rows], out[rows], fused, None if shared is None else shared[rows],
+                        x_in[rows])
         return out

@@ -70,9 +70,13 @@ def linear_input(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
     return quant.act_quant(x) if is_fp8(args) else x
 
 
-def expert_input(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
-    """A routed expert GEMM's input: fp8 per 32 under "w4a8" (``fp4_gemm``), as is under "w4a16"."""
-    return quant.act_quant(x) if is_fp8(args) and args.expert_precision == "w4a8" else x
+def expert_input(args: ModelArgs, x: torch.Tensor,
+                 quantised: torch.Tensor | None = None) -> torch.Tensor:
+    """A routed expert GEMM's input: fp8 per 32 under "w4a8" (``fp4_gemm``), as is under
+    "w4a16". ``quantised``: ``linear_input(args, x)`` when the caller has it (reused)."""
+    if not (is_fp8(args) and args.expert_precision == "w4a8"):
+        return x
+    return quant.act_quant(x) if quantised is None else quantised
 
 
 def window_kv(args: ModelArgs, kv: torch.Tensor) -> torch.Tensor:
