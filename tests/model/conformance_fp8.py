@@ -11,7 +11,6 @@ formats' definitions (OCP MX: e4m3fn, e2m1, e8m0), not taken from the reference'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -132,7 +131,3 @@ def envelope_changes(path: Path = FIXTURE_FP8) -> list[str]:
 
 def tolerance(path: Path = FIXTURE_FP8) -> dict[str, float]:
     return {k: TOLERANCE_MULTIPLE * v for k, v in envelope(path).items()}
-
-
-def config(path: Path = FIXTURE_FP8) -> dict:
-    return json.loads((path / "config.json").read_text())

@@ -56,9 +56,9 @@ def build(fixture: cm.Fixture, dtype=torch.bfloat16, **changes) -> Built:
     """swa-bench's model from the fixture's dequantised weights; with ``precision`` among the
     changes, its weights are QDQ'd by swa_bench.model.precision.quantise_weights after loading (on
     the release's grid already, so every one must come back unchanged)."""
-    args = cm.swa_bench_args(reference_config()).args.replace(**changes)
+    args = cm.swa_bench_args(fixture.config).args.replace(**changes)
     model, _ = build_model(args, seed=0, dtype=dtype)
-    mapped = cm.map_reference_weights(c8.load_fp8_fixture().weights, reference_config())
+    mapped = cm.map_reference_weights(fixture.weights, fixture.config)
     loaded = cm.load_reference_weights(model, mapped)
     moved = []
     if "precision" in changes:
@@ -68,10 +68,6 @@ def build(fixture: cm.Fixture, dtype=torch.bfloat16, **changes) -> Built:
         precision.quantise_weights(model)
         moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     return Built(model, loaded, moved)
-
-
-def reference_config() -> dict:
-    return c8.config()
 
 
 def fp8_changes() -> dict:
