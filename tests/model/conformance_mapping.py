@@ -39,9 +39,16 @@ class Fixture:
         return self.expected["decode_tokens"][:, :-1]  # [B, steps]: the last only fed the drafts
 
 
-def load_fixture(path: Path = FIXTURE) -> Fixture:
-    weights = {k: v.float() for k, v in load_file(str(path / "weights.safetensors")).items()}
-    return Fixture(json.loads((path / "config.json").read_text()), weights,
+def read_bf16_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The fp32 fixture's weights: bf16-exact values stored as bf16, read back as fp32."""
+    return {k: v.float() for k, v in load_file(str(path)).items()}
+
+
+def load_fixture(path: Path = FIXTURE, read_weights=read_bf16_weights) -> Fixture:
+    """``read_weights(weights.safetensors)`` gives the reference state_dict as fp32 values (the fp8
+    fixture passes its dequantiser, conformance_fp8.dequantise)."""
+    return Fixture(json.loads((path / "config.json").read_text()),
+                   read_weights(path / "weights.safetensors"),
                    load_file(str(path / "expected.safetensors")))
 
 
