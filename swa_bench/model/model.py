@@ -324,6 +324,6 @@ def build_model(
         model = Transformer(args)
     model = materialize(model, dtype, device)
     init_weights(model, seed)
-    quantise_weights(model, args)
+    quantise_weights(model)
     model.eval().requires_grad_(False)
     return model, KVCache(args, device, dtype)

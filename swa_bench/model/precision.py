@@ -111,11 +111,11 @@ def _table_quant(w: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def quantise_weights(model: nn.Module, args: ModelArgs) -> None:
-    """Every weight the release stores quantised, replaced in place by its stored values (a no-op
+def quantise_weights(model: nn.Module) -> None:
+    """Every weight of ``model`` (a ``Transformer``: its ``args`` say the precision) the release stores quantised, replaced in place by its stored values (a no-op
     under "bf16", and on weights already on their grid). Expert weights go an expert at a time:
     V4.1-Flash's hold 27 GB a layer in bf16, and the fp32 working copy is per expert."""
-    if not is_fp8(args):
+    if not is_fp8(model.args):
         return
     for name, p in model.named_parameters():
         fmt = weight_format(name)

@@ -173,5 +173,5 @@ def load_weights(model: Transformer, path: Path) -> dict[str, str]:
     with torch.no_grad():
         for name, p in model.state_dict().items():
             p.copy_(tensors[name])
-    quantise_weights(model, model.args)
+    quantise_weights(model)
     return metadata

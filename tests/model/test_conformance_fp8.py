@@ -13,7 +13,7 @@ own envelope: how far the reference itself moves when its GEMMs, attention and n
 valid orders or its fp32 GEMM results move by one ulp (CARD.md: a flipped fp8 / fp4 rounding
 cascades, so the envelope is measured on rms as well as max numbers).
 
-``precision`` lands in parallel (ModelArgs.precision, ModelArgs.experts,
+``precision`` lands in parallel (ModelArgs.precision, ModelArgs.expert_precision,
 swa_bench.model.precision): until then only the comparisons are expected to fail.
 """
 
@@ -31,7 +31,6 @@ from tests.model import conformance_fp8 as c8
 from tests.model import conformance_mapping as cm
 from tests.model.test_conformance import run_engine
 
-PRECISION_PENDING = pytest.mark.xfail(strict=False, reason="precision lands in parallel")
 FP32_TOL = 1e-4  # test_conformance's bound for the fp32 numerics
 
 
@@ -71,7 +70,7 @@ def build(fixture: cm.Fixture, dtype=torch.bfloat16, **changes) -> Built:
 
 
 def fp8_changes() -> dict:
-    return {"precision": "fp8", "experts": "w4a8"}
+    return {"precision": "fp8", "expert_precision": "w4a8"}
 
 
 def compare(run, fixture: cm.Fixture) -> dict[str, float]:
@@ -235,19 +234,16 @@ def test_the_tolerance_rejects_the_unquantised_numerics(reference):
 # ---- swa-bench in fp8 against the reference ----------------------------------------------------
 
 
-@PRECISION_PENDING
 def test_precision_is_a_model_setting():
-    assert {"precision", "experts"} <= set(MODEL_FIELDS)
+    assert {"precision", "expert_precision"} <= set(MODEL_FIELDS)
 
 
-@PRECISION_PENDING
 def test_quantise_weights_leaves_release_weights_unchanged(fp8_run):
     built, _ = fp8_run
     assert not built.requantised, f"quantise_weights moved {len(built.requantised)} release " \
                                   f"weights: {built.requantised[:8]}"
 
 
-@PRECISION_PENDING
 @pytest.mark.parametrize("number", ["prefill_logits_max", "prefill_logits_rms", "decode_logits_max",
                                     "decode_logits_rms"])
 def test_logits_match_the_reference_within_its_envelope(reference, fp8_run, number):
@@ -256,7 +252,6 @@ def test_logits_match_the_reference_within_its_envelope(reference, fp8_run, numb
     assert got <= tol, f"{number} {got:.3g} > {c8.TOLERANCE_MULTIPLE} x envelope = {tol:.3g}"
 
 
-@PRECISION_PENDING
 @pytest.mark.parametrize("number", ["prefill_caches_rel_rms", "final_caches_rel_rms",
                                     "main_hidden_rel_rms"])
 def test_caches_match_the_reference_within_its_envelope(reference, fp8_run, number):
