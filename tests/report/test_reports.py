@@ -133,6 +133,15 @@ def test_html_is_self_contained(run_results):
     assert all(h.startswith("#") for h in hrefs)
 
 
+def test_html_shows_the_roofline_ideal_and_the_share_of_it(run_results):
+    html = render_html(run_results)
+    latency = html.split('id="latency"', 1)[1].split("</table>", 1)[0]
+    assert "<th>roofline ideal</th><th>of roofline</th>" in latency
+    case = next(c for c in run_results.cases if c.roofline_ideal_speedup and c.timing)
+    assert f"{case.roofline_ideal_speedup:.2f}x" in latency
+    assert f"{100 * case.roofline_efficiency:.1f}%" in latency
+
+
 def test_html_escapes_hostile_scenario_text(make_run):
     results = make_run(scenario_name=HOSTILE)
     results.cases[0].label = "$<img src=x onerror=alert(2)>$"
