@@ -372,9 +372,10 @@ def step_costs(
     device: torch.device | str = "cpu",
     kernels: Kernels = TORCH_KERNELS,
     formats: WeightFormats | None = None,
+    distinct_experts: Mapping[int, int] | None = None,
 ) -> dict[str, LayerCost]:
     """Each entry's analytic FLOPs (``flop_model.layer_flops``) and bytes (``layer_bytes``)."""
     flops = layer_flops(args, requests, kept_lens, device, kernels)
-    moved = layer_bytes(args, requests, kept_lens, device, kernels, formats)
+    moved = layer_bytes(args, requests, kept_lens, device, kernels, formats, distinct_experts)
     return {name: LayerCost(sum(flops.get(name, {}).values()), sum(moved[name].values()))
             for name in moved}
