@@ -220,6 +220,21 @@ def test_a_newly_recorded_figure_only_warns():
     assert row.status == "warning" and "deterministic.breaks only in current" in row.reasons
 
 
+def test_a_baseline_from_before_the_roofline_compares_cleanly():
+    """Results written before the roofline figures read them as None; compare neither raises
+    nor regresses on them, either way round."""
+    current = clean_run()
+    baseline = current.model_copy(deep=True)
+    for case in baseline.cases:
+        case.reference_bytes = case.replay_bytes = None
+        case.roofline_ideal_speedup = case.roofline_efficiency = None
+        case.roofline_ms = {}
+    for before, after in ((baseline, current), (current, baseline)):
+        comparison = compare_runs(before, after)
+        assert not comparison.regressed and statuses(comparison) == {"unchanged"}
+        assert verdict_line(comparison) and comparison_json(comparison, baseline="a", current="b")
+
+
 def test_replay_graphs_on_one_side_name_the_setting_and_the_route():
     baseline = clean_run()
     current = baseline.model_copy(deep=True)

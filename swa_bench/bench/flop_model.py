@@ -159,23 +159,35 @@ def head_flops(args: ModelArgs, num_logits: int) -> int:
     return num_logits * 2 * args.dim * args.vocab_size
 
 
-def step_flops(
+PARTS = ("projections", "attention", "indexer", "moe", "hc", "engram", "dspark", "head")
+
+
+def whole_and_kept(
+    requests: Sequence[RequestSpec], kept_lens: Sequence[int]
+) -> tuple[list[QueryRows], list[QueryRows]]:
+    """Each request's rows in the layers before the cut (its whole query) and in the replay
+    layers (its ``kept_lens`` last ones)."""
+    whole = [QueryRows(r.context_len, r.query_len, r.seq_len) for r in requests]
+    kept = [QueryRows(r.seq_len - k, k, r.seq_len)
+            for r, k in zip(requests, kept_lens, strict=True)]
+    return whole, kept
+
+
+def layer_flops(
     args: ModelArgs,
     requests: Sequence[RequestSpec],
     kept_lens: Sequence[int],
     device: torch.device | str = "cpu",
     kernels: Kernels = TORCH_KERNELS,
-) -> dict[str, int]:
-    """FLOPs of an eager step by part (and ``total``) on ``kernels``; ``kept_lens`` are the plan's
-    (each request's query length when the decoder runs on the whole batch)."""
+) -> dict[str, dict[str, int]]:
+    """``step_flops`` by layer: ``"0"`` .. ``"n_layers - 1"`` (an Engram layer's lookup in its
+    own), then ``"dspark"`` (the draft rings' seeding) and ``"head"``; each by part."""
     s = args.last_kv_source
-    whole = [QueryRows(r.context_len, r.query_len, r.seq_len) for r in requests]
-    kept = [QueryRows(r.seq_len - k, k, r.seq_len)
-            for r, k in zip(requests, kept_lens, strict=True)]
+    whole, kept = whole_and_kept(requests, kept_lens)
     num_all, num_kept = sum(r.q_len for r in whole), sum(r.q_len for r in kept)
-    parts = dict.fromkeys(("projections", "attention", "indexer", "moe", "hc", "engram",
-                           "dspark", "head"), 0)
+    out: dict[str, dict[str, int]] = {}
     for layer in range(args.n_layers):
+        parts = dict.fromkeys(PARTS, 0)
         rows = whole if layer < s else kept
         n = num_all if layer < s else num_kept
         parts["projections"] += attention_projection_flops(args, n)
@@ -190,9 +202,27 @@ def step_flops(
         # Layer S's KV write on every row collapses with the pre-mix it was handed: its own
         # mixes run in the replay layers, on the kept rows.
         parts["hc"] += 2 * hyper_connection_flops(args, n)
-    parts["engram"] = engram_flops(args, num_all)
-    parts["dspark"] = dspark_flops(args, num_kept)
+        if layer in args.engram_layers:
+            parts["engram"] = engram_flops(args, num_all) // len(args.engram_layers)
+        out[str(layer)] = parts
+    out["dspark"] = {**dict.fromkeys(PARTS, 0), "dspark": dspark_flops(args, num_kept)}
     num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
-    parts["head"] = head_flops(args, num_logits)
+    out["head"] = {**dict.fromkeys(PARTS, 0), "head": head_flops(args, num_logits)}
+    return out
+
+
+def step_flops(
+    args: ModelArgs,
+    requests: Sequence[RequestSpec],
+    kept_lens: Sequence[int],
+    device: torch.device | str = "cpu",
+    kernels: Kernels = TORCH_KERNELS,
+) -> dict[str, int]:
+    """FLOPs of an eager step by part (and ``total``) on ``kernels``; ``kept_lens`` are the plan's
+    (each request's query length when the decoder runs on the whole batch)."""
+    parts = dict.fromkeys(PARTS, 0)
+    for layer in layer_flops(args, requests, kept_lens, device, kernels).values():
+        for name, value in layer.items():
+            parts[name] += value
     parts["total"] = sum(parts.values())
     return parts

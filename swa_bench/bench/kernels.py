@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from swa_bench.bench.roofline import gemm_tflops
+from swa_bench.bench.roofline import copy_bandwidth, gemm_tflops
 from swa_bench.bench.timing import time_fn
 from swa_bench.engine.config import kernel_settings_from_environment, resolve_kernels
 from swa_bench.kernels import Kernels, KernelSettings, TileConfig, mqa_attention_flops
@@ -61,11 +61,8 @@ class Peaks:
 def measure_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
     """The GEMM rate in ``dtype`` and the bandwidth of a large copy (read + write)."""
     device = torch.device(device)
-    n = (1 << 28) if device.type == "cuda" else (1 << 22)
-    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    stats = time_fn(lambda: dst.copy_(src), device=device, warmup=3, iters=10)
-    return Peaks(gemm_tflops(device, dtype), 2 * n / (stats.median_ms * 1e-3) / 1e9)
+    nbytes = (1 << 28) if device.type == "cuda" else (1 << 22)
+    return Peaks(gemm_tflops(device, dtype), copy_bandwidth(device, torch.uint8, nbytes=nbytes))
 
 
 @dataclass

@@ -1,18 +1,27 @@
-"""The device's measured matrix rate, and what a timed path achieves against it (MFU).
+"""The device's measured matrix rate and copy bandwidth, what a timed path achieves against the
+rate (MFU), and the roofline ideal both set.
 
 A speedup is only as honest as both paths it divides: reporting each path's achieved TFLOP/s and
 its share of the rate this device actually reaches on a large GEMM (measured once per run, in the
 run's dtype, not a datasheet figure) shows when a path wastes time (an efficiency far above 100%
-means the reference path is slower than its FLOPs explain).
+means the reference path is slower than its FLOPs explain). The FLOP ideal ignores bytes: a step
+bound by reading weights (a few hundred kept rows through layers of 384 experts) cannot reach it.
+The roofline ideal gives each layer the longer of its FLOPs at the GEMM rate and its bytes at the
+copy bandwidth, both measured once per run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
+from swa_bench.bench.byte_model import LayerCost
 from swa_bench.bench.timing import time_fn
 
 GEMM_SIZE = {"cuda": 8192, "cpu": 1024}
+# 5x the H200's 50 MB L2 (4.05 TB/s there in bf16; a 1 GiB copy 4.2), 32 MiB on a CPU
+COPY_BYTES = {"cuda": 1 << 28, "cpu": 1 << 25}
 
 
 def gemm_tflops(
@@ -33,3 +42,34 @@ def gemm_tflops(
 def achieved_tflops(flops: int | float, median_ms: float) -> float:
     """The rate a path achieved: its FLOPs over its median time."""
     return flops / (median_ms * 1e-3) / 1e12
+
+
+def copy_bandwidth(
+    device: torch.device, dtype: torch.dtype, *, nbytes: int | None = None,
+    threads: int | None = None,
+) -> float:
+    """GB/s of a large device-to-device copy in ``dtype``: bytes read plus bytes written over its
+    median time (10 after 3 warm-ups). CPU runs use ``threads`` threads."""
+    device = torch.device(device)
+    size = torch.empty((), dtype=dtype).element_size()
+    n = (nbytes or COPY_BYTES.get(device.type, 1 << 25)) // size
+    src = torch.ones(n, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    stats = time_fn(lambda: dst.copy_(src), device=device, warmup=3, iters=10, threads=threads)
+    return 2 * n * size / (stats.median_ms * 1e-3) / 1e9
+
+
+def roofline_ms(costs: Mapping[str, LayerCost], tflops: float, gbytes_per_s: float) -> float:
+    """The least time a step's entries take: each the longer of its FLOPs at ``tflops`` and its
+    bytes at ``gbytes_per_s`` (an entry's compute and traffic overlap, entries do not)."""
+    return sum(max(c.flops / (tflops * 1e12), c.bytes / (gbytes_per_s * 1e9))
+               for c in costs.values()) * 1e3
+
+
+def roofline_ideal_speedup(
+    reference: Mapping[str, LayerCost], replay: Mapping[str, LayerCost], tflops: float,
+    gbytes_per_s: float,
+) -> float:
+    """The speedup a replay step could reach if both paths ran at the roofline."""
+    return (roofline_ms(reference, tflops, gbytes_per_s)
+            / roofline_ms(replay, tflops, gbytes_per_s))

@@ -158,6 +158,30 @@ def timing_cell(stats: TimingStats | None, samples: int | None, mfu: float | Non
     return f"{head}\n[dim]{spread}[/]{rate}"
 
 
+def ideal_cell(case: CaseResult) -> str:
+    """The FLOP ideal, and under it the roofline ideal when the run measured one."""
+    flop = tables.fmt_ratio(case.ideal_speedup)
+    if case.roofline_ideal_speedup is None:
+        return flop
+    return f"{flop}\n[dim]{tables.fmt_ratio(case.roofline_ideal_speedup)}[/]"
+
+
+def _percent(value: float | None) -> str:
+    return tables.MISSING if value is None else f"{100 * value:.0f}%"
+
+
+def efficiency_cells(case: CaseResult) -> str:
+    """The speedup's share of the FLOP ideal, and under it of the roofline ideal (n/a where
+    nothing was trimmed): line for line beside ``ideal_cell``."""
+    if tables.trimmed_nothing(case):
+        return tables.NOT_APPLICABLE if case.roofline_ideal_speedup is None else (
+            f"{tables.NOT_APPLICABLE}\n[dim]{tables.NOT_APPLICABLE}[/]")
+    flop = _percent(case.efficiency)
+    if case.roofline_ideal_speedup is None:
+        return flop
+    return f"{flop}\n[dim]{_percent(case.roofline_efficiency)}[/]"
+
+
 def _stats(cases: Sequence[CaseResult]) -> list[TimingStats]:
     return [s for c in cases if c.timing for s in (c.timing.reference, c.timing.replay) if s]
 
@@ -186,21 +210,25 @@ def latency_table(results: RunResults, compact: bool = False) -> Table:
     table.add_column("replay ms", justify="right", no_wrap=True)
     table.add_column("speedup", justify="right", no_wrap=True)
     table.add_column("ideal", justify="right", no_wrap=True)
+    table.add_column("eff", justify="right", no_wrap=True)
     table.add_column("checks")
     for case in cases:
         t = case.timing
         table.add_row(*[escape(cell(case)) for _, cell in columns],
                       timing_cell(t.reference if t else None, samples, case.mfu.get("reference")),
                       timing_cell(t.replay if t else None, samples, case.mfu.get("replay")),
-                      tables.speedup_cell(case), tables.fmt_ratio(case.ideal_speedup),
+                      tables.speedup_cell(case), ideal_cell(case), efficiency_cells(case),
                       _case_verdict(case))
     if stats:
         n = f"n={samples} samples" if samples is not None else "n samples as shown"
         mfu = ("; MFU: achieved TFLOP/s over the device's measured GEMM rate"
                if any(c.mfu for c in cases) else "")
+        roof = (", under it the roofline ideal (per layer the longer of its FLOPs at the GEMM "
+                "rate and its bytes at the copy bandwidth)"
+                if any(c.roofline_ideal_speedup is not None for c in cases) else "")
         table.caption = (f"ms: median, under it p10–p90 ({n}); ~ unstable (IQR > 10% of the "
-                         f"median); ideal: FLOPs ratio; checks: passed/judged, +Ni info "
-                         f"results{mfu}")
+                         f"median); ideal: FLOPs ratio{roof}; eff: the speedup's share of each "
+                         f"ideal; checks: passed/judged, +Ni info results{mfu}")
         table.caption_justify = "left"
     return table
 

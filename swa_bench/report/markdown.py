@@ -56,15 +56,21 @@ def render_markdown(results: RunResults) -> str:
     if latency:
         out += ["## Latency", "",
                 md_table(["case", "tokens", "mode", "policy", "threshold", "reference ms",
-                          "replay ms", "speedup", "ideal", "efficiency",
-                          "TFLOP/s ref / replay (MFU)", "checks"],
+                          "replay ms", "speedup", "FLOP ideal", "efficiency",
+                          "roofline ideal", "of roofline", "TFLOP/s ref / replay (MFU)",
+                          "checks"],
                          [(r.case, r.tokens, r.graph_mode, r.policy, r.trim_threshold,
                            r.reference_ms, r.replay_ms, r.speedup, r.ideal, r.efficiency,
-                           r.rates, r.checks) for r in latency]),
-                "", "Times are medians; ideal = FLOPs(reference) / FLOPs(replay); checks: "
+                           r.roofline_ideal, r.roofline_efficiency, r.rates, r.checks)
+                          for r in latency]),
+                "", "Times are medians; FLOP ideal = FLOPs(reference) / FLOPs(replay); checks: "
                 "passed/judged, +Ni info results (measured, not judged); "
-                "efficiency = speedup / ideal; MFU = achieved TFLOP/s / the device's GEMM "
-                "rate measured in this run (environment: gemm_tflops).", ""]
+                "efficiency = speedup / FLOP ideal; roofline ideal = the ratio of the paths' "
+                "roofline times, each layer the longer of its FLOPs at the measured GEMM rate "
+                "and its analytic bytes at the measured copy bandwidth (environment: "
+                "copy_gbytes_per_s); of roofline = speedup / roofline ideal; MFU = achieved "
+                "TFLOP/s / the device's GEMM rate measured in this run (environment: "
+                "gemm_tflops).", ""]
 
     ttft = tables.ttft_rows(results)
     if ttft:

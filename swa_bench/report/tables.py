@@ -71,6 +71,11 @@ def efficiency_cell(case: CaseResult) -> str:
     return NOT_APPLICABLE if trimmed_nothing(case) else fmt_share(case.efficiency)
 
 
+def roofline_efficiency_cell(case: CaseResult) -> str:
+    """The speedup over the roofline ideal (n/a where nothing was trimmed, – before it)."""
+    return NOT_APPLICABLE if trimmed_nothing(case) else fmt_share(case.roofline_efficiency)
+
+
 def implausible(results: RunResults) -> list[str]:
     """Figures no correct measurement gives, one line each, for every output to flag: a speedup
     beyond ``MAX_EFFICIENCY`` of the FLOP ideal (replay cannot beat doing less work by more than
@@ -146,6 +151,8 @@ class LatencyRow:
     checks: str
     outcome: str
     rates: str = MISSING  # "reference / replay TFLOP/s (MFU)"
+    roofline_ideal: str = MISSING  # the roofline ideal; MISSING in results written before it
+    roofline_efficiency: str = MISSING
 
 
 @dataclass(frozen=True)
@@ -251,7 +258,9 @@ def latency_rows(results: RunResults) -> list[LatencyRow]:
             replay_ms=fmt_ms(timing.replay if timing else None),
             speedup=speedup_cell(case), ideal=fmt_ratio(case.ideal_speedup),
             efficiency=efficiency_cell(case), checks=checks_cell(case),
-            outcome=case.outcome(), rates=rates_cell(case)))
+            outcome=case.outcome(), rates=rates_cell(case),
+            roofline_ideal=fmt_ratio(case.roofline_ideal_speedup),
+            roofline_efficiency=roofline_efficiency_cell(case)))
     return rows
 
 

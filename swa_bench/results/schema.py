@@ -204,6 +204,15 @@ class CaseResult(_Strict):
     ideal_speedup: float | None = None
     speedup: float | None = None
     efficiency: float | None = None
+    # The roofline ideal beside the FLOP ideal (issue 28): each path's analytic bytes
+    # (bench/byte_model), its roofline time (per layer the longer of its FLOPs at the measured
+    # GEMM rate and its bytes at the measured copy bandwidth, summed), their ratio and the
+    # speedup over it. None / empty in results written before.
+    reference_bytes: int | None = None
+    replay_bytes: int | None = None
+    roofline_ms: dict[str, float] = {}
+    roofline_ideal_speedup: float | None = None
+    roofline_efficiency: float | None = None
     peak_memory_bytes: dict[str, int] = {}
     deterministic: dict[str, int] = {}
     capture_seconds: float | None = None  # capturing the replay path's graphs, all sizes

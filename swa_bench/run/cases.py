@@ -17,9 +17,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from swa_bench.bench.byte_model import WeightFormats, step_costs
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.bench.prompts import prompt_result, time_prompt
-from swa_bench.bench.roofline import achieved_tflops, gemm_tflops
+from swa_bench.bench.roofline import (
+    achieved_tflops,
+    copy_bandwidth,
+    gemm_tflops,
+    roofline_ms,
+)
 from swa_bench.checks import equivalence, selection
 from swa_bench.checks import prompts as prompt_checks
 from swa_bench.checks.approximation import check_bounds, measure
@@ -82,6 +88,7 @@ class CaseRunner:
         self.agree = agree
         self.flops = FlopCache()
         self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
+        self.copy_gbytes_per_s: dict[str, float] = {}  # and its copy bandwidth, per dtype
         self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings
         # Checks that read only the model and a few inputs, not the case's policy or graph mode
         # (E4: tolerance, kernels, longest prompt; visibility: kernels, capture sizes, the step),
@@ -95,6 +102,14 @@ class CaseRunner:
             self.gemm_tflops[dtype] = gemm_tflops(self.device, DTYPES[dtype], size=size,
                                                   threads=threads)
         return self.gemm_tflops[dtype]
+
+    def device_bandwidth(self, dtype: str, threads: int | None) -> float:
+        """This device's copy bandwidth (GB/s) in ``dtype``, measured once per run: what the
+        roofline's bytes are against."""
+        if dtype not in self.copy_gbytes_per_s:
+            self.copy_gbytes_per_s[dtype] = copy_bandwidth(self.device, DTYPES[dtype],
+                                                           threads=threads)
+        return self.copy_gbytes_per_s[dtype]
 
     def model(self, case: Case) -> Transformer:
         sc = case.scenario
@@ -335,6 +350,24 @@ class CaseRunner:
             result.tasks = run.results
             result.checks.append(agreement)
 
+    def roofline(self, case: Case, model: Transformer, inputs: StepInputs,
+                 plans: dict[str, StepPlan], result: CaseResult, peak: float,
+                 engines: dict[str, Engine]) -> None:
+        """Each path's analytic bytes and roofline time from the plan of its timed step (in the
+        model dtype's formats), and the roofline ideal with the speedup's share of it."""
+        dtype, threads = case.scenario.dtype, case.scenario.timing.threads
+        bandwidth = self.device_bandwidth(dtype, threads)
+        formats = WeightFormats.of_dtype(DTYPES[dtype])
+        costs = {name: step_costs(model.args, inputs.requests, plans[name].kept_lens,
+                                  self.device, engines[name].kernels, formats)
+                 for name in ("reference", "replay")}
+        result.reference_bytes = sum(c.bytes for c in costs["reference"].values())
+        result.replay_bytes = sum(c.bytes for c in costs["replay"].values())
+        result.roofline_ms = {name: roofline_ms(c, peak, bandwidth) for name, c in costs.items()}
+        result.roofline_ideal_speedup = (result.roofline_ms["reference"]
+                                         / result.roofline_ms["replay"])
+        result.roofline_efficiency = result.speedup / result.roofline_ideal_speedup
+
     def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
         """Both paths in the case's graph mode; every figure from the plan of the timed step."""
         config, t = case.engine_config(), case.scenario.timing
@@ -352,6 +385,8 @@ class CaseRunner:
         for name, stats in (("reference", m.timing.reference), ("replay", m.timing.replay)):
             result.achieved_tflops[name] = achieved_tflops(m.flops[name], stats.median_ms)
             result.mfu[name] = result.achieved_tflops[name] / peak
+        self.roofline(case, model, inputs, m.plans, result, peak,
+                      {"reference": reference, "replay": replay})
         plan = m.plans["replay"]
         result.replay_route = plan.reason
         result.replay_capture_sizes = list(config.replay_capture_sizes)

@@ -162,6 +162,8 @@ def run_one(
             progress.finished(result)
     if runner.gemm_tflops:
         results.environment["gemm_tflops"] = runner.gemm_tflops
+    if runner.copy_gbytes_per_s:
+        results.environment["copy_gbytes_per_s"] = runner.copy_gbytes_per_s
     finish(results, scenario, run_dir, console)
     return results
 

@@ -65,6 +65,29 @@ def test_latency_table_shows_each_paths_mfu_within_80_columns():
     assert "measured GEMM rate" in " ".join(text.split())
 
 
+def test_latency_table_shows_both_ideals_and_the_share_of_each_within_80_columns():
+    results = synthetic.synthetic_run(error=False)
+    text = rendered(latency_table(results))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text, "no cell is cut"
+    assert "eff" in text.splitlines()[2]
+    for case in results.cases:
+        assert f"{case.roofline_ideal_speedup:.2f}x" in text
+        assert f"{100 * case.roofline_efficiency:.0f}%" in text
+        assert f"{100 * case.efficiency:.0f}%" in text
+    assert "roofline ideal" in " ".join(text.split())
+
+
+def test_latency_table_of_results_from_before_the_roofline():
+    results = synthetic.synthetic_run(error=False)
+    for case in results.cases:
+        case.roofline_ideal_speedup = case.roofline_efficiency = None
+    text = rendered(latency_table(results))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "roofline" not in " ".join(text.split())
+    assert f"{results.cases[0].ideal_speedup:.2f}x" in text
+
+
 def test_swept_parameters_are_columns():
     results = synthetic.synthetic_run(error=False)
     for case in results.cases:

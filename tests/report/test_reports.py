@@ -50,8 +50,15 @@ def test_markdown_verdict_and_tables(run_results):
     assert len(failing) == 1 and failing[0][0] == "piecewise/halo/T=1024"
     assert "ring.layer3: 96/2048 mismatched" in failing[0][4] and "[1,7,30]" in failing[0][4]
     latency = _table(markdown, "Latency")
-    assert latency[0][:3] == ["case", "tokens", "mode"] and len(latency[0]) == 12
-    assert latency[0][10] == "TFLOP/s ref / replay (MFU)"
+    assert latency[0][:3] == ["case", "tokens", "mode"] and len(latency[0]) == 14
+    assert latency[0][7:12] == ["speedup", "FLOP ideal", "efficiency", "roofline ideal",
+                                "of roofline"]
+    assert latency[0][12] == "TFLOP/s ref / replay (MFU)"
+    by_case = {c.label: c for c in run_results.cases}
+    for row in latency[2:]:
+        case = by_case[row[0]]
+        assert row[10] == f"{case.roofline_ideal_speedup:.2f}x"
+        assert row[11] in ("n/a", f"{100 * case.roofline_efficiency:.1f}%")
     assert len(latency) == 2 + 12
     eager_bounded = [row for row in latency if row[2] == "eager" and row[3] == "bounded"]
     assert [row[1] for row in eager_bounded] == ["64", "256", "1024"]
@@ -124,6 +131,15 @@ def test_html_is_self_contained(run_results):
     assert not re.search(r"url\((?!#)", html)
     hrefs = re.findall(r"href=\"([^\"]*)\"", html)
     assert all(h.startswith("#") for h in hrefs)
+
+
+def test_html_shows_the_roofline_ideal_and_the_share_of_it(run_results):
+    html = render_html(run_results)
+    latency = html.split('id="latency"', 1)[1].split("</table>", 1)[0]
+    assert "<th>roofline ideal</th><th>of roofline</th>" in latency
+    case = next(c for c in run_results.cases if c.roofline_ideal_speedup and c.timing)
+    assert f"{case.roofline_ideal_speedup:.2f}x" in latency
+    assert f"{100 * case.roofline_efficiency:.1f}%" in latency
 
 
 def test_html_escapes_hostile_scenario_text(make_run):

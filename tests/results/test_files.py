@@ -56,6 +56,27 @@ def test_a_version_2_file_reads_and_a_new_run_records_the_tool(tmp_path):
     assert fresh.schema_version == 4 and fresh.swa_bench_version == tool_version()
 
 
+ROOFLINE_FIELDS = ("reference_bytes", "replay_bytes", "roofline_ms", "roofline_ideal_speedup",
+                   "roofline_efficiency")
+
+
+def test_the_roofline_figures_round_trip_and_older_files_read_them_as_not_recorded(tmp_path):
+    results = synthetic_run()
+    save_results(tmp_path, results)
+    saved = json.loads((tmp_path / RESULTS_JSON).read_text())
+    case = saved["cases"][0]
+    assert case["roofline_ideal_speedup"] == results.cases[0].roofline_ideal_speedup
+    assert case["reference_bytes"] == results.cases[0].reference_bytes > 0
+    assert load_results(tmp_path).cases[0].roofline_ms == results.cases[0].roofline_ms
+    for case in saved["cases"]:
+        for name in ROOFLINE_FIELDS:
+            del case[name]
+    (tmp_path / RESULTS_JSON).write_text(json.dumps(saved))
+    old = load_results(tmp_path)
+    assert all(c.roofline_ideal_speedup is None and c.roofline_efficiency is None
+               and c.reference_bytes is None and c.roofline_ms == {} for c in old.cases)
+
+
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     target = tmp_path / "report.md"
     target.write_text("old")

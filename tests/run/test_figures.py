@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
+from swa_bench.bench.byte_model import WeightFormats, layer_bytes
+from swa_bench.bench.flop_model import layer_flops
 from swa_bench.bench.flops import count_flops
 from swa_bench.checks import oracle
 from swa_bench.engine.engine import run_forward
@@ -131,3 +134,33 @@ def test_figures_describe_the_path_that_ran(run):
     # eager_trim_threshold, a PIECEWISE graph below trim_threshold, FULL's eager fallback trimming.
     assert ("eager", True, True) in seen and ("piecewise", False, True) in seen
     assert ("full", True, False) in seen
+
+
+def test_roofline_figures_describe_the_path_that_ran(run):
+    """Each path's bytes are the byte model's on the SPEC's kept rows (the whole batch where the
+    step did not trim), its roofline time restated here from the layers' FLOPs and bytes at the
+    GEMM rate and copy bandwidth the run recorded, the ideal their ratio."""
+    tflops = run.environment["gemm_tflops"]["float32"]
+    gbps = run.environment["copy_gbytes_per_s"]["float32"]
+    assert gbps > 0
+    for case in run.cases:
+        p = case.params
+        prompt = p["workload.requests.0.prompt_len"]
+        requests = [RequestSpec(prompt_len=prompt), RequestSpec(prompt_len=9, decode=True)]
+        _, kept = spec_path(prompt, p["policy"], p["graph_mode"], p["eager_trim_threshold"])
+        where = f"{case.label}: {case.replay_route}"
+        times = {}
+        for name, lens in (("reference", (prompt, 1)), ("replay", kept or (prompt, 1))):
+            flops = layer_flops(ARGS, requests, lens)
+            moved = layer_bytes(ARGS, requests, lens, formats=WeightFormats.of_dtype(
+                torch.float32))
+            assert getattr(case, f"{name}_bytes") == sum(
+                sum(parts.values()) for parts in moved.values()), where
+            times[name] = 1e3 * sum(
+                max(sum(flops.get(k, {}).values()) / (tflops * 1e12),
+                    sum(moved[k].values()) / (gbps * 1e9)) for k in moved)
+            assert case.roofline_ms[name] == pytest.approx(times[name]), where
+        assert case.roofline_ideal_speedup == pytest.approx(times["reference"] / times["replay"])
+        assert (case.roofline_ideal_speedup > 1) == (kept is not None), where
+        assert case.roofline_efficiency == pytest.approx(
+            case.speedup / case.roofline_ideal_speedup)
