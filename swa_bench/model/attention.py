@@ -52,18 +52,6 @@ def gather_budget(device: torch.device) -> int:
     return 1 << 29 if device.type == "cuda" else 1 << 26
 
 
-def softmax_with_sink(parts: list[torch.Tensor], sink: torch.Tensor) -> list[torch.Tensor]:
-    """Normalises fp32 score blocks ``[..., H, n_i]`` together with a per-head sink logit.
-
-    In place, without concatenating the blocks: at long context the scores are the largest
-    tensors of the forward and every extra pass over them costs memory bandwidth.
-    """
-    sink_logit = sink.float().view(*([1] * (parts[0].dim() - 2)), -1)
-    lse = torch.stack([*(torch.logsumexp(p, dim=-1) for p in parts),
-                       sink_logit.expand(parts[0].shape[:-1])]).logsumexp(dim=0)
-    return [p.sub_(lse[..., None]).exp_() for p in parts]
-
-
 def _shared_key_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float):
     """Scores of rows ``q [C, H, D]`` against keys all rows share, ``k [n, D]``; mask ``[C, n]``."""
     c, h, d = q.shape
@@ -71,9 +59,7 @@ def _shared_key_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, sca
     return s.masked_fill_(~mask[:, None, :], float("-inf"))
 
 
-def _shared_key_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    c, h, n = p.shape
-    return (p.reshape(c * h, n).to(v.dtype) @ v).view(c, h, -1)
+SPARSE_ATTN_BLOCK = 64  # the reference kernel's block of key columns (``sparse_attn``'s ``block``)
 
 
 def gathered_attention(
@@ -85,12 +71,17 @@ def gathered_attention(
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
     chunk_rows: int | None = None,
 ) -> torch.Tensor:
-    """One softmax (a per-head sink in the denominator) over the keys each row gathers.
+    """One softmax (a per-head sink in the denominator) over the keys each row gathers, with the
+    numerics of DeepSeek-V4.1's ``sparse_attn``: fp32 scores of the model-dtype operands, an
+    online softmax over blocks of 64 key columns (the sources' columns in order: window, then
+    global), each block's probabilities relative to the running max rounded to the model dtype
+    before their product with the values, fp32 sums, the sink added to the denominator last, one
+    rounding of the output (exact in fp32: the rounding steps are identities there).
 
     ``q [T, H, D]``; each source is ``(kv [N, D], idx [T, K])``, ``idx`` long with -1 for a masked
     column. K = V (MQA latent). ``shared`` is ``(kv [n, D], visible [T, n])``: keys every row of
     the call reads, masked per row, as one GEMM without a gather (the varlen walk's causal
-    prefix); its scores come last. The signature is a kernel's: a Triton kernel replaces this on
+    prefix); its columns come last. The signature is a kernel's: a Triton kernel replaces this on
     CUDA. Rows are chunked by ``chunk_rows``, by default so that the gathered keys stay within
     ``gather_budget``.
     """
@@ -98,28 +89,57 @@ def gathered_attention(
     chunk = chunk_rows
     if chunk is None:
         width = sum(idx.shape[1] for _, idx in sources)
-        per_row = width * d * q.element_size() + heads * width * 4
+        per_row = width * d * (q.element_size() + 4) + heads * width * 4
         chunk = max(1, min(t, gather_budget(q.device) // max(per_row, 1)))
     outs = []
     for r0 in range(0, t, chunk):
-        qc = q[r0 : r0 + chunk]
-        parts, values = [], []
+        qc = q[r0 : r0 + chunk].float()
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scores [C, H, n], values)
         for kv, idx in sources:
             ic = idx[r0 : r0 + chunk]
-            k = kv[ic.clamp(min=0)]
-            s = torch.bmm(qc, k.transpose(1, 2)).float().mul_(scale)
-            parts.append(s.masked_fill_((ic < 0)[:, None, :], float("-inf")))
-            values.append(k)
+            k = kv[ic.clamp(min=0)].float()  # [C, K, D]
+            s = torch.bmm(qc, k.transpose(1, 2)).mul_(scale)
+            parts.append((s.masked_fill_((ic < 0)[:, None, :], float("-inf")), k))
         if shared is not None:
-            parts.append(_shared_key_scores(qc, shared[0], shared[1][r0 : r0 + chunk], scale))
-        probs = softmax_with_sink(parts, sink)
-        o = torch.bmm(probs[0].to(q.dtype), values[0])
-        for p, v in zip(probs[1 : len(values)], values[1:], strict=True):
-            o = o + torch.bmm(p.to(q.dtype), v)
-        if shared is not None:
-            o = o + _shared_key_values(probs[-1], shared[0])
-        outs.append(o)
+            kv_s = shared[0].float()
+            parts.append((_shared_key_scores(qc, kv_s, shared[1][r0 : r0 + chunk], scale), kv_s))
+        outs.append(_online_softmax_pv(parts, sink, q.dtype))
     return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def _online_softmax_pv(parts: list[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """``sparse_attn``'s loop over blocks of 64 columns of the concatenated parts (a block may
+    span two parts): the running max from -1e30 (a row with no valid key yields zeros), the
+    previous sums rescaled, ``p = exp(s - max)`` summed in fp32 and rounded to ``dtype`` for the
+    product with the values; values are per row ``[C, n, D]`` or shared ``[n, D]``."""
+    c, h = parts[0][0].shape[:2]
+    d = parts[0][1].shape[-1]
+    acc = parts[0][0].new_zeros(c, h, d)
+    total = parts[0][0].new_zeros(c, h)
+    run_max = parts[0][0].new_full((c, h), -1e30)
+    spans = [(s, v, s.shape[-1]) for s, v in parts]
+    width = sum(n for *_, n in spans)
+    for b0 in range(0, width, SPARSE_ATTN_BLOCK):
+        b1 = min(width, b0 + SPARSE_ATTN_BLOCK)
+        pieces, start = [], 0
+        for s, v, n in spans:  # the block's columns, part by part
+            lo, hi = max(b0, start) - start, min(b1, start + n) - start
+            if lo < hi:
+                pieces.append((s[..., lo:hi], v[..., lo:hi, :]))
+            start += n
+        new_max = torch.maximum(run_max, torch.stack([s.amax(-1) for s, _ in pieces]).amax(0))
+        rescale = torch.exp(run_max - new_max)
+        acc.mul_(rescale[..., None])
+        total.mul_(rescale)
+        for s, v in pieces:
+            p = torch.exp(s - new_max[..., None])
+            total.add_(p.sum(-1))
+            p = p.to(dtype).float()
+            acc.add_(torch.bmm(p, v) if v.dim() == 3 else (p.reshape(c * h, -1) @ v).view(c, h, d))
+        run_max = new_max
+    total.add_(torch.exp(sink.float().view(1, -1) - run_max))
+    return acc.div_(total[..., None]).to(dtype)
 
 
 def attend(

@@ -112,8 +112,9 @@ def _table_quant(w: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def quantise_weights(model: nn.Module) -> None:
-    """Every weight of ``model`` (a ``Transformer``: its ``args`` say the precision) the release stores quantised, replaced in place by its stored values (a no-op
-    under "bf16", and on weights already on their grid). Expert weights go an expert at a time:
+    """Every weight of ``model`` (a ``Transformer``: its ``args`` say the precision) that the
+    release stores quantised, replaced in place by its stored values (a no-op under "bf16", and
+    on weights already on their grid). Expert weights go an expert at a time:
     V4.1-Flash's hold 27 GB a layer in bf16, and the fp32 working copy is per expert."""
     if not is_fp8(model.args):
         return
