@@ -192,7 +192,7 @@ def step_flops(
         parts["hc"] += 2 * hyper_connection_flops(args, n)
     parts["engram"] = engram_flops(args, num_all)
     parts["dspark"] = dspark_flops(args, num_kept)
-    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    num_logits = sum(r.query_len if r.every_row_logits else 1 for r in requests)
     parts["head"] = head_flops(args, num_logits)
     parts["total"] = sum(parts.values())
     return parts
