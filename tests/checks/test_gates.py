@@ -212,3 +212,14 @@ def test_refused_replay_graphs_with_lora(tiny_model):
     with pytest.raises(ValueError, match="no replay graphs with LoRA"):
         dataclasses.replace(EngineConfig.for_model(tiny_model.args, graph_mode="piecewise",
                                                    capture_sizes=CAPTURE), lora=True)
+
+
+def test_visibility_check_skips_static_shapes_beyond_a_graphs_logits_rows(tiny_model):
+    """31 logits rows: more than a graph of the tiny model returns (max_requests 16), so no
+    FULL graph runs the step and the visibility check runs it at varlen shapes only."""
+    from swa_bench.checks.selection import check_visibility
+
+    inputs = StepInputs.seeded(CONTEXT_LOGITS, tiny_model.args.vocab_size, 1)
+    config = EngineConfig.for_model(tiny_model.args, capture_sizes=CAPTURE)
+    result = check_visibility(tiny_model, inputs, config)
+    assert result.passed, result.message
