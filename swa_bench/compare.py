@@ -396,6 +396,11 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
     if baseline.replay_capture_sizes != current.replay_capture_sizes:
         warnings.append(f"replay graph sizes differ ({baseline.replay_capture_sizes or 'off'} -> "
                         f"{current.replay_capture_sizes or 'off'})")
+    gates = [f"{name} {getattr(baseline, name)} -> {getattr(current, name)}"
+             for name in ("kv_block_reuse", "lora", "prompt_embeds", "prefix_hits")
+             if getattr(baseline, name) != getattr(current, name)]
+    if gates:
+        warnings.append("engine gates differ (" + "; ".join(gates) + ")")
     if None not in (baseline.replay_route, current.replay_route) and (
             baseline.replay_route != current.replay_route):
         warnings.append(f"route differs ({baseline.replay_route} -> {current.replay_route})")

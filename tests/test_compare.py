@@ -389,3 +389,11 @@ def test_the_speedup_gate_needs_paired_samples():
                            min_samples=len(stats.samples_ms) + 1) is None
     assert compare_speedup(baseline.cases[0].timing, timing, max_slowdown=0.05, alpha=0.01,
                            min_samples=5).verdict == "fell"
+
+
+def test_engine_gates_on_one_side_are_named():
+    baseline = clean_run()
+    current = baseline.model_copy(deep=True)
+    current.cases[0].kv_block_reuse = True
+    row = compare_runs(baseline, current).rows[0]
+    assert "engine gates differ (kv_block_reuse False -> True)" in row.reasons

@@ -98,6 +98,33 @@ SCENARIOS = [
      "exceeds max_num_batched_tokens"),
     ("replay_sizes_down.yaml", "name: t\ngraph_mode: piecewise\nreplay_capture_sizes: [16, 8]\n"
      + BASE, "replay_capture_sizes: must be strictly increasing"),
+    # The replay gates (issue 30): a bad value of each new field.
+    ("context_logits.yaml", "name: t\nworkload: {requests: [{prompt_len: 4, context_logits: "
+     "'yes'}]}\n", "workload.requests.0.context_logits: must be true or false"),
+    ("spec_negative.yaml", "name: t\nworkload: {requests: [{prompt_len: 4, decode: true, "
+     "spec_decode_tokens: -1}]}\n", "workload.requests.0.spec_decode_tokens: must be >= 0"),
+    ("spec_prefill.yaml", "name: t\nworkload: {requests: [{prompt_len: 4, spec_decode_tokens: "
+     "2}]}\n", "workload.requests.0.spec_decode_tokens: verify rows follow a decode row"),
+    ("spec_window.yaml", "name: t\nworkload: {requests: [{prompt_len: 4, decode: true, "
+     "spec_decode_tokens: 8}]}\n", "workload.requests.0.spec_decode_tokens: a decode row and "
+     "8 verify rows exceed the model window W=8"),
+    ("prefix_hit_type.yaml", "name: t\nworkload: {requests: [{prompt_len: 20, cached_len: 12, "
+     "prefix_hit: 1}]}\n", "workload.requests.0.prefix_hit: must be true or false"),
+    ("prefix_hit_cold.yaml", "name: t\nworkload: {requests: [{prompt_len: 20, prefix_hit: "
+     "true}]}\n", "workload.requests.0.prefix_hit: a prefix hit is a prefill's cached_len > 0"),
+    ("prefix_hit_chunk.yaml", "name: t\nworkload: {requests: [{prompt_len: 40, cached_len: 12, "
+     "chunk_size: 8, prefix_hit: true}]}\n", "workload.requests.0.chunk_size: a prefix hit "
+     "recomputes W=8 rows first"),
+    ("block_reuse.yaml", "name: t\nengine: {kv_block_reuse: 'on'}\n" + BASE,
+     "engine.kv_block_reuse: must be true or false"),
+    ("lora.yaml", "name: t\nengine: {lora: 1}\n" + BASE, "engine.lora: must be true or false"),
+    ("prompt_embeds.yaml", "name: t\nengine: {prompt_embeds: null}\n" + BASE,
+     "engine.prompt_embeds: must be true or false"),
+    ("engine_key.yaml", "name: t\nengine: {block_reuse: true}\n" + BASE,
+     "engine.block_reuse: unknown key; expected one of: kv_block_reuse, lora, prompt_embeds"),
+    ("lora_graphs.yaml", "name: t\ngraph_mode: piecewise\nreplay_capture_sizes: [8, 16]\n"
+     "engine: {lora: true}\n" + BASE, "replay_capture_sizes: vLLM runs no replay graphs with "
+     "LoRA"),
     ("binary.yaml", "name: t\n\x00\x01\n", ""),
     ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
 ]

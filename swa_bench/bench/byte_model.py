@@ -316,7 +316,7 @@ def layer_bytes(
                                                                                    args.dim)
         out[str(layer)] = parts
     out["dspark"] = dspark_bytes(args, kept, f)
-    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    num_logits = sum(r.query_len if r.every_row_logits else 1 for r in requests)
     out["head"] = {**dict.fromkeys(PARTS, 0),
                    "weights": f.head.matrix_bytes(args.vocab_size, args.dim),
                    "activations": stream_bytes(args, num_logits, f)

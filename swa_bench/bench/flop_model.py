@@ -206,7 +206,7 @@ def layer_flops(
             parts["engram"] = engram_flops(args, num_all) // len(args.engram_layers)
         out[str(layer)] = parts
     out["dspark"] = {**dict.fromkeys(PARTS, 0), "dspark": dspark_flops(args, num_kept)}
-    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    num_logits = sum(r.query_len if r.every_row_logits else 1 for r in requests)
     out["head"] = {**dict.fromkeys(PARTS, 0), "head": head_flops(args, num_logits)}
     return out
 

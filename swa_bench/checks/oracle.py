@@ -57,9 +57,13 @@ def halo_rows(window: int, decoder_layers: int, align: int = 1) -> int:
 def kept_len(
     r: RequestSpec, policy: str, window: int, decoder_layers: int, halo_align: int = 1
 ) -> int:
-    """Rows of this step the request keeps (SPEC section 2 and the issue's policy list)."""
+    """Rows of this step the request keeps (SPEC section 2 and the issue's policy list). The
+    per-request gates (issue 30), whatever the policy: a decode row and its speculative verify
+    rows, a prompt-logprobs request (vLLM) and a context-logits one (TensorRT-LLM) return logits
+    at every row, so none of their rows is trimmed."""
     q = r.query_len
-    if policy == "full" or r.decode or r.prompt_logprobs:
+    reads_every_row = r.decode or r.prompt_logprobs or r.context_logits
+    if policy == "full" or reads_every_row:
         return q
     if policy == "bounded":
         return min(q, window)
@@ -86,8 +90,8 @@ def decoder_floor(r: RequestSpec, policy: str, window: int) -> int:
     keeps all rows", since the earlier chunks wrote no decoder KV below it; generation rows get
     none. Restated here over the chunk's positions: it has one when some of them lie in the
     final window."""
-    if policy != "final_window" or r.decode or r.prompt_logprobs:
-        return 0
+    if policy != "final_window" or r.decode or r.prompt_logprobs or r.context_logits:
+        return 0  # TensorRT-LLM skips a request needing full decoder prefill: no floor
     start = final_window_floor(r, window)
     in_window = [p for p in range(r.cached_len, r.cached_len + r.query_len) if p >= start]
     return start if in_window else 0
@@ -107,7 +111,11 @@ def halo_exact_rows(layer: int, kept_lens: Sequence[int], args: ModelArgs) -> li
 
 
 def batch_start(r: RequestSpec, window: int) -> int:
-    """``replay_start``: 0 cold; context_len - W after a prefix hit or earlier chunks."""
+    """``replay_start``: 0 cold; context_len - W after a prefix hit or earlier chunks; where the
+    step's first rows recompute a prefix hit's window (vLLM), the first of them: the hit's window
+    KV was never cached."""
+    if r.recomputed_rows > 0:
+        return r.cached_len
     return max(0, r.context_len - window)
 
 
@@ -190,9 +198,15 @@ def expect_step(
     eager_trim_threshold: int = 0,
     halo_align: int = 1,
     replay_capture_sizes: Sequence[int] = (),
+    kv_block_reuse: bool = False,
+    lora: bool = False,
+    prompt_embeds: bool = False,
 ) -> Expected:
     """The step as SPEC sections 2 and 4 describe it; a replay batch in PIECEWISE mode pads to
-    the smallest replay capture size holding its rows (issue 34), none above the largest."""
+    the smallest replay capture size holding its rows (issue 34), none above the largest.
+    The engine gates (issue 30): block reuse replays nothing (TensorRT-LLM); LoRA and prompt
+    embeddings leave replay batches without graphs (vLLM); prompt embeddings are no text prefill,
+    which ``tail`` alone replays (ATOM)."""
     query = [r.query_len for r in requests]
     tokens = sum(query)
     kept = [kept_len(r, policy, window, decoder_layers, halo_align) for r in requests]
@@ -201,13 +215,18 @@ def expect_step(
     # a request keeping every row whose floor hides part of its batch window needs the replay
     # batch: only there do its decoder layers read from the floor
     floored = any(f > batch_start(r, window) for r, f in zip(requests, floors, strict=True))
-    logit_rows = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    logit_rows = sum(r.query_len if (r.prompt_logprobs or r.context_logits
+                                     or r.spec_decode_tokens) else 1 for r in requests)
     size = None
     if graph_mode != "eager" and logit_rows <= max_logit_rows:
         size = smallest_capture_size(tokens, capture_sizes)
     threshold = window + 1 if trim_threshold is None else trim_threshold
     if policy == "full":
         replays, reason = False, "policy full"
+    elif kv_block_reuse:
+        replays, reason = False, "KV block reuse: no replay"
+    elif policy == "tail" and prompt_embeds:
+        replays, reason = False, "tail: prompt embeddings are not text"
     elif size is not None and policy == "tail":
         # ROCm ATOM (DecoderReplayModel._replays): only an eager, unpadded text prefill replays
         replays, reason = False, "tail: ATOM replays no graph step"
@@ -230,7 +249,7 @@ def expect_step(
             rows += list(range(start + q - k, start + q))
         start += q
     replay_size = None
-    if replays and graph_mode == "piecewise":
+    if replays and graph_mode == "piecewise" and not (lora or prompt_embeds):
         replay_size = smallest_capture_size(len(rows), replay_capture_sizes)
     return Expected(
         replay_graph_size=replay_size,
@@ -262,6 +281,9 @@ def expect_for(engine: Engine, requests: Sequence[RequestSpec]) -> Expected:
         eager_trim_threshold=c.eager_trim_threshold,
         halo_align=c.halo_align,
         replay_capture_sizes=c.replay_capture_sizes,
+        kv_block_reuse=c.kv_block_reuse,
+        lora=c.lora,
+        prompt_embeds=c.prompt_embeds,
     )
 
 

@@ -280,13 +280,19 @@ def check_visibility(model: Transformer, workload: StepInputs, config: EngineCon
     forward, the bounded reference and the full prefill together, so E1-E5 cannot see it.
 
     The whole step runs once as the reference (every layer on every row, varlen shapes) and,
-    when it fits one of the case's capture sizes, once more at static shapes padded to it (the
+    when it fits one of the case's capture sizes and a graph's logits rows, once more at static
+    shapes padded to it (the
     shapes a FULL graph of the step runs, whatever the case's graph mode: the static selection
     path then runs in every such case, not in FULL cases alone), on the case's kernels from the
     workload's caches; each forward's visible counts, index selections and candidate blocks are
     graded by ``visibility_diagnostics``."""
     tokens = sum(r.query_len for r in workload.requests)
     pad = smallest_capture_size(tokens, config.capture_sizes or ())
+    # A graph returns at most max_requests logits rows: a step asking more (every-row logits of
+    # prompt logprobs, context logits, verify rows) never runs at static shapes.
+    if sum(r.query_len if r.every_row_logits else 1 for r in workload.requests) > \
+            model.args.max_requests:
+        pad = None
     modes = ["varlen"] + ([] if pad is None else ["static"])
     base = Engine(model, EngineConfig.for_model(model.args, policy="full",
                                                 kernels=config.kernels))

@@ -79,6 +79,17 @@ def default_replay_capture_sizes(
     )
 
 
+def replay_graphs_gate(lora: bool, prompt_embeds: bool) -> str | None:
+    """Why replay batches get no graphs of their own, or None: vLLM builds no replay graphs
+    with LoRA or prompt embeddings ("The graphs' fixed inputs hold no LoRA mapping and no None
+    input ids", ``DeepseekV41ModelState.__init__``, ``vllm/models/deepseek_v41/nvidia/
+    model_state.py``); its replay batches then run eagerly."""
+    if lora or prompt_embeds:
+        which = "LoRA" if lora else "prompt embeddings"
+        return f"vLLM runs no replay graphs with {which} (replay batches run eagerly)"
+    return None
+
+
 def trim_threshold_problem(threshold: int, window: int) -> str | None:
     """The rule on ``trim_threshold``: nothing trims at or below W, so a threshold there would
     send steps to a replay batch that keeps every row."""
@@ -101,7 +112,15 @@ class EngineConfig:
     it for its device). ``replay_capture_sizes``: the padded sizes a replay batch runs in a graph
     of its own at (PIECEWISE only; empty: replay batches run eagerly). Complete by construction
     (``for_model``); an invalid value raises here, and ``check`` holds the rules that need the
-    model's window."""
+    model's window.
+
+    The engine-level replay gates (README "Engine gates"), each applied whatever the policy:
+    a gate is a property of the engine's cache or inputs, not of its row rule, so a user who
+    combines vLLM's ``bounded`` rows with TensorRT-LLM's block reuse gets what such an engine
+    would do, and the step's route names the gate. ``kv_block_reuse`` (TensorRT-LLM): no step
+    replays (``dispatch.plan_step``). ``lora``, ``prompt_embeds`` (vLLM): no replay graphs,
+    replay batches run eagerly (decided in ``for_model``); ``prompt_embeds`` also stops
+    ``tail`` replaying (ATOM replays text prefills only)."""
 
     policy: Policy
     graph_mode: GraphMode
@@ -111,6 +130,9 @@ class EngineConfig:
     halo_align: int
     kernels: KernelSettings
     replay_capture_sizes: tuple[int, ...] = ()
+    kv_block_reuse: bool = False
+    lora: bool = False
+    prompt_embeds: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in get_args(Policy):
@@ -136,6 +158,8 @@ class EngineConfig:
                                  f"not {self.graph_mode}")
             if problem := capture_sizes_problem(self.replay_capture_sizes):
                 raise ValueError(f"replay_capture_sizes: {problem}")
+            if problem := replay_graphs_gate(self.lora, self.prompt_embeds):
+                raise ValueError(f"replay_capture_sizes: {problem}")
 
     @classmethod
     def for_model(
@@ -152,12 +176,16 @@ class EngineConfig:
         kernels: KernelSettings | None = None,
         replay_graphs: bool = DEFAULT_REPLAY_GRAPHS,
         replay_capture_sizes: Sequence[int] | None = None,
+        kv_block_reuse: bool = False,
+        lora: bool = False,
+        prompt_embeds: bool = False,
     ) -> EngineConfig:
         """The complete configuration for ``args``'s model: the only place the defaults live.
         ``trim_threshold`` None: W + 1; ``capture_sizes`` None: vLLM's up to
         ``max_capture_size``; ``kernels`` None: the environment's. Replay graphs (PIECEWISE,
         ``replay_graphs``): ``replay_capture_sizes`` None takes vLLM's rule
-        (``default_replay_capture_sizes``)."""
+        (``default_replay_capture_sizes``); with ``lora`` or ``prompt_embeds`` there are none
+        (``replay_graphs_gate``)."""
         if capture_sizes is None:
             capture_sizes = default_capture_sizes(max_capture_size)
         if trim_threshold is None:
@@ -165,12 +193,14 @@ class EngineConfig:
         if kernels is None:
             kernels = kernel_settings_from_environment()
         replay_sizes: Sequence[int] = ()
-        if graph_mode == "piecewise" and replay_graphs:
+        if graph_mode == "piecewise" and replay_graphs and not replay_graphs_gate(lora,
+                                                                                  prompt_embeds):
             replay_sizes = default_replay_capture_sizes(args, capture_sizes, replay_capture_sizes)
         return cls(policy=policy, graph_mode=graph_mode, trim_threshold=trim_threshold,
                    eager_trim_threshold=eager_trim_threshold, capture_sizes=tuple(capture_sizes),
                    halo_align=halo_align, kernels=kernels,
-                   replay_capture_sizes=tuple(replay_sizes)).check(args.window)
+                   replay_capture_sizes=tuple(replay_sizes), kv_block_reuse=kv_block_reuse,
+                   lora=lora, prompt_embeds=prompt_embeds).check(args.window)
 
     def check(self, window: int) -> EngineConfig:
         """``self``, once the rules that need the model's window hold (raises otherwise)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swa_bench.engine.config import EngineConfig
+from swa_bench.engine.config import EngineConfig, replay_graphs_gate
 from swa_bench.graphs.capture_sizes import padded_size
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import ShapeMode
@@ -21,6 +21,7 @@ from swa_bench.model.requests import RequestSpec
 from swa_bench.replay.row_selection import (
     decoder_floors,
     floor_raises_window,
+    gate_notes,
     halo_size,
     kept_lens,
     trims,
@@ -80,7 +81,7 @@ def graph_size_for(
     capture size, or more logits rows than a graph returns)."""
     if config.graph_mode == "eager":
         return None
-    num_logits = sum(r.query_len if r.prompt_logprobs else 1 for r in requests)
+    num_logits = sum(r.query_len if r.every_row_logits else 1 for r in requests)
     if num_logits > args.max_requests:
         return None
     return padded_size(sum(r.query_len for r in requests), config.capture_sizes)
@@ -118,6 +119,14 @@ def plan_step(
     replay batch (a PIECEWISE graph below trim_threshold, a FULL graph) applies no floor, as
     TensorRT-LLM plans no replay under CUDA graphs: its decoder reads from the batch start,
     which is valid only where the earlier chunks ran on the whole batch too.
+
+    The engine gates are decided here once (``EngineConfig``): ``kv_block_reuse`` turns replay
+    off for every step (TensorRT-LLM ``plan_decoder_replay``: no replay when
+    ``_swa_is_reused``, "replaying into a reused window cache corrupts another request's
+    prefix"); under ``tail`` prompt embeddings do (ATOM replays "an eager text prefill" only;
+    from the issue's text, issue 30: ATOM's runtime gate was not found in its public code). The
+    route names them, the per-request gates (``row_selection.gate_notes``) and a replay batch
+    run eagerly for want of replay graphs (``config.replay_graphs_gate``).
     """
     query = tuple(r.query_len for r in requests)
     num_tokens = sum(query)
@@ -140,6 +149,12 @@ def plan_step(
     size = capture_size if capture_size is not None else graph_size_for(requests, config, args)
     if config.policy == "full":
         replays, reason = False, "policy full: the reference path"
+    elif config.kv_block_reuse:
+        replays = False
+        reason = "kv_block_reuse: replay off (TensorRT-LLM replays no reused window cache)"
+    elif config.policy == "tail" and config.prompt_embeds:
+        replays = False
+        reason = "tail: prompt embeddings are no text prefill (ATOM replays text prefills only)"
     elif size is not None and config.policy == "tail":
         replays = False
         reason = f"tail: a graph of {size} takes the whole batch (ATOM replays eager prefills only)"
@@ -169,6 +184,11 @@ def plan_step(
                    if replay_size is not None else
                    f"; {sum(lens)} kept rows above the largest replay graph "
                    f"{config.replay_capture_sizes[-1]}: eager")
+    no_graphs = replay_graphs_gate(config.lora, config.prompt_embeds)
+    if replays and capture_size is None and config.graph_mode == "piecewise" and no_graphs:
+        reason += f"; replay batch eager: {no_graphs}"
+    if notes := gate_notes(requests):
+        reason += "; " + "; ".join(notes)
     return StepPlan(
         graph_size=size,
         shape_mode=shape_mode_for(size, config),

@@ -70,12 +70,13 @@ class StepInputs:
         return sum(r.query_len for r in self.requests)
 
     def fill_context(self, engine: Engine) -> None:
-        """Runs every request's context (positions below context_len) as a reference prefill, so
-        caches hold what earlier steps (a prefix hit, earlier chunks, a prompt) left."""
+        """Runs every request's context (positions below ``filled_len``: its context, and a prefix
+        hit its first rows recompute) as a reference prefill, so caches hold what earlier steps
+        (a prefix hit, earlier chunks, a prompt) left."""
         for i, r, seq in zip(self.indices, self.requests, self.sequences, strict=True):
-            if r.context_len:
-                warm = RequestSpec(prompt_len=r.context_len)
-                engine.reference_step([warm], [list(seq[: r.context_len])], [i])
+            if r.filled_len:
+                warm = RequestSpec(prompt_len=r.filled_len)
+                engine.reference_step([warm], [list(seq[: r.filled_len])], [i])
 
     def shape(self) -> str:
         """The batch's request kinds, lengths aside ("1 decode + 2 prefill"): cases of one shape
@@ -90,7 +91,8 @@ class StepInputs:
         parts = []
         for r in self.requests:
             if r.decode:
-                parts.append(f"decode@{r.context_len}")
+                verify = f"+{r.spec_decode_tokens}spec" if r.spec_decode_tokens else ""
+                parts.append(f"decode@{r.context_len}{verify}")
             elif r.context_len:
                 parts.append(f"prefill {r.query_len}+{r.context_len}ctx")
             else:

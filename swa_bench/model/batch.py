@@ -31,6 +31,15 @@ def batch_window_start(context_len: int, window: int) -> int:
     return max(0, context_len - window)
 
 
+def request_window_start(request: RequestSpec, window: int) -> int:
+    """A request's batch window start: ``batch_window_start`` of its context, or its
+    ``cached_len`` when its first rows recompute a prefix hit's window (vLLM's ``replay_start``:
+    no window KV of the hit was cached, so no window layer reads below the recomputed rows)."""
+    if request.recomputed_rows:
+        return request.cached_len
+    return batch_window_start(request.context_len, window)
+
+
 @dataclass(frozen=True)
 class RequestLayout:
     """Where one request's query and key rows sit, in host integers (eager kernels loop on it)."""
@@ -44,6 +53,9 @@ class RequestLayout:
     kv_first_pos: int
     window_start: int
     seq_len: int
+    # Key rows below this position write no global KV (a prefix hit's recomputed rows: the
+    # caches hold it already); 0: every key row writes.
+    global_from: int = 0
 
 
 @dataclass
@@ -162,7 +174,8 @@ def make_metadata(
         rows = lay["kv_start"][request] + offset
         kv_pos = lay["kv_first_pos"][request] + offset
         cache_index = lay["cache_index"][request]
-        global_slot[rows] = cache_index * max_seq + kv_pos
+        global_slot[rows] = np.where(kv_pos >= lay["global_from"][request],
+                                     cache_index * max_seq + kv_pos, global_trash)
         in_ring = kv_pos >= lay["seq_len"][request] - window
         ring_slot[rows] = np.where(in_ring, cache_index * window + kv_pos % window, ring_trash)
 
@@ -200,7 +213,7 @@ class StepBatch:
         """(request index, position) of each returned logits row, in order."""
         rows = []
         for i, lay in enumerate(self.metadata.layouts):
-            first = 0 if self.requests[i].prompt_logprobs else lay.q_len - 1
+            first = 0 if self.requests[i].every_row_logits else lay.q_len - 1
             rows.extend((i, lay.q_first_pos + j) for j in range(first, lay.q_len))
         return rows
 
@@ -257,11 +270,12 @@ def build_step(
                 kv_start=starts[i],
                 kv_len=req.query_len,
                 kv_first_pos=req.context_len,
-                window_start=batch_window_start(req.context_len, args.window),
+                window_start=request_window_start(req, args.window),
                 seq_len=req.seq_len,
+                global_from=req.filled_len,
             )
         )
-        first = starts[i] if req.prompt_logprobs else starts[i + 1] - 1
+        first = starts[i] if req.every_row_logits else starts[i + 1] - 1
         logits_indices.extend(range(first, starts[i + 1]))
     num_logits = len(logits_indices)
     if logit_slots is not None:

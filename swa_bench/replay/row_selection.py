@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from swa_bench.model.batch import batch_window_start
+from swa_bench.model.batch import request_window_start
 from swa_bench.model.requests import RequestSpec, query_starts
 
 Policy = Literal["full", "bounded", "halo", "final_window", "tail"]
@@ -49,10 +49,10 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
     * ``tail`` (ROCm ATOM ``late_layer_tail_layout``): the last min(q, W + TAIL_SPECULATIVE_TOKENS),
       every chunk its own; a request kept whole reads from its batch start.
 
-    Under every policy decode rows are kept, and a request asking for prompt logprobs keeps all.
+    Under every policy a request keeps all its rows where the engines do (``keeps_every_row``).
     """
     q = request.query_len
-    if policy == "full" or request.decode or request.prompt_logprobs:
+    if policy == "full" or keeps_every_row(request):
         return q
     if policy == "bounded":
         return min(q, window)
@@ -63,6 +63,22 @@ def kept_len(request: RequestSpec, policy: Policy, window: int, halo: int) -> in
     if policy == "tail":
         return min(q, window + TAIL_SPECULATIVE_TOKENS)
     raise ValueError(f"unknown policy {policy!r}")
+
+
+def keeps_every_row(request: RequestSpec) -> bool:
+    """The per-request gates: a request whose every row is read keeps them all, under every
+    policy (an engine that trimmed them would return zeros where logits are asked for).
+
+    * decode and speculative verify rows (vLLM ``DeepseekV41ModelState._kept_input_batch``:
+      "decodes never trim"; TensorRT-LLM ``plan_decoder_replay``: "Generation and speculative
+      verification rows keep their live endpoints and every query");
+    * prompt logprobs (vLLM ``DeepseekV41ModelState.add_request``: "Requests whose every prompt
+      row is read (prompt logprobs) never trim");
+    * context logits (TensorRT-LLM ``pyexecutor/ced_replay.requires_full_decoder_prefill``:
+      ``py_return_context_logits``, "Requests whose consumers need every context row";
+      ``plan_decoder_replay`` skips them: no trim, no floor).
+    """
+    return request.decode or request.prompt_logprobs or request.context_logits
 
 
 def kept_lens(requests: Sequence[RequestSpec], policy: Policy, window: int, halo: int) -> list[int]:
@@ -118,7 +134,7 @@ def decoder_floor(request: RequestSpec, policy: Policy, window: int) -> int:
     keeps no row (nothing reads, floor 0); generation rows and requests needing every decoder row
     (prompt logprobs; TensorRT-LLM's ``requires_full_decoder_prefill``) have none.
     """
-    if policy != "final_window" or request.decode or request.prompt_logprobs:
+    if policy != "final_window" or keeps_every_row(request):
         return 0
     floor = final_window_floor(request, window)
     return floor if request.seq_len > floor else 0
@@ -133,5 +149,22 @@ def floor_raises_window(requests: Sequence[RequestSpec], floors: Sequence[int],
     """Whether some request's floor lies above its batch start (``context_len - W``): then its
     decoder layers must read from the floor even if it keeps every row, which only the replay
     batch applies (the whole batch reads every layer from the batch start)."""
-    return any(f > batch_window_start(r.context_len, window)
+    return any(f > request_window_start(r, window)
                for r, f in zip(requests, floors, strict=True))
+
+
+def gate_notes(requests: Sequence[RequestSpec]) -> list[str]:
+    """The per-request gates of a step in the route's words (``dispatch.plan_step`` appends
+    them): requests kept whole by what they ask for, and prefix hits served by recomputing
+    their window (``requests.prefix_hit_request``)."""
+    counts = {
+        "prompt logprobs": sum(r.prompt_logprobs for r in requests if not r.decode),
+        "context logits": sum(r.context_logits for r in requests if not r.decode),
+        "spec verify": sum(r.spec_decode_tokens > 0 for r in requests),
+    }
+    notes = [f"{n} {what} kept whole" for what, n in counts.items() if n]
+    hits = [r for r in requests if r.recomputed_rows]
+    if hits:
+        notes.append("prefix hit recomputes " + ", ".join(
+            f"[{r.cached_len}, {r.filled_len})" for r in hits))
+    return notes

@@ -227,6 +227,12 @@ class CaseResult(_Strict):
     parallel: ParallelResult | None = None  # layout and every rank's share (torchrun runs)
     tasks: TaskResults | None = None
     prompts: list[PromptResult] = []  # a prompt case's prompts (its timing is theirs, per step)
+    # The engine gates the case ran under (issue 30, README "Engine gates"): its configuration's
+    # and how each prefix hit of its workload was served (vLLM: recomputed, or not adopted).
+    kv_block_reuse: bool = False
+    lora: bool = False
+    prompt_embeds: bool = False
+    prefix_hits: list[str] = []
 
     def outcome(self) -> Verdict:
         """pass/fail/error of this case; a failed check fails the case whatever `status` says."""

@@ -58,6 +58,7 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
     """A case's result before anything ran: what it is (id, label, configuration, size); the
     runner fills in the figures, a lost shard worker only the error."""
     sc = case.scenario
+    config = case.engine_config()
     return CaseResult(
         case_id=case.case_id, index=case.index, label=case.label(), params=case.params,
         status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
@@ -65,6 +66,8 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
         expert_precision=sc.expert_precision if sc.precision == "fp8" else None,
         trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
         num_requests=case.num_requests(), batch="",
+        kv_block_reuse=config.kv_block_reuse, lora=config.lora,
+        prompt_embeds=config.prompt_embeds, prefix_hits=sc.prefix_hits(),
     )
 
 

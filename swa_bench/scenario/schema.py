@@ -44,6 +44,7 @@ from swa_bench.engine.config import (
     GraphMode,
     default_replay_capture_sizes,
     kernel_settings_from_environment,
+    replay_graphs_gate,
     resolve_kernels,
     trim_threshold_problem,
 )
@@ -51,7 +52,7 @@ from swa_bench.graphs.capture_sizes import capture_sizes_problem, default_captur
 from swa_bench.kernels.config import KernelSettings, TileConfig
 from swa_bench.model.args import MODEL_FIELDS, PRESETS, ModelArgs, build_args
 from swa_bench.model.moe import grouped_mm_problems
-from swa_bench.model.requests import RequestSpec
+from swa_bench.model.requests import RequestSpec, prefix_hit_request
 from swa_bench.model.weights import WeightsError, check_weights, read_header
 from swa_bench.model.weights import resolve as resolve_weights
 from swa_bench.parallel.layout import ParallelLayout, layout_problems
@@ -110,28 +111,69 @@ class ModelSpec(_Strict):
 
 
 class RequestEntry(_Strict):
-    """One explicit request, added ``repeat`` times."""
+    """One explicit request, added ``repeat`` times. What it asks of the engine (README "Engine
+    gates"): ``prompt_logprobs``, ``context_logits`` (logits at every row: kept whole),
+    ``spec_decode_tokens`` (a decode row's speculative verify rows: kept whole), ``prefix_hit``
+    (``cached_len`` is a prefix-cache hit, served as vLLM does: ``prefix_hit_request``)."""
 
     prompt_len: PositiveInt
     cached_len: NonNegativeInt = 0
     chunk_size: PositiveInt | None = None
     decode: bool = False
     prompt_logprobs: bool = False
+    context_logits: bool = False
+    spec_decode_tokens: NonNegativeInt = 0
+    prefix_hit: bool = False
     repeat: PositiveInt = 1
 
-    def spec(self) -> RequestSpec:
+    def spec(self, window: int) -> RequestSpec:
+        """The request the engine runs; a prefix hit as vLLM serves it under the model's
+        window (the step's rows change: decided once, there)."""
+        if self.prefix_hit:
+            return prefix_hit_request(self.prompt_len, self.cached_len, window,
+                                      chunk_size=self.chunk_size,
+                                      prompt_logprobs=self.prompt_logprobs,
+                                      context_logits=self.context_logits)
         return RequestSpec(prompt_len=self.prompt_len, cached_len=self.cached_len,
                            chunk_size=self.chunk_size, decode=self.decode,
-                           prompt_logprobs=self.prompt_logprobs)
+                           prompt_logprobs=self.prompt_logprobs,
+                           context_logits=self.context_logits,
+                           spec_decode_tokens=self.spec_decode_tokens)
 
-    def specs(self) -> list[RequestSpec]:
-        return [self.spec()] * self.repeat
+    def specs(self, window: int) -> list[RequestSpec]:
+        return [self.spec(window)] * self.repeat
+
+    def served_hit(self, window: int) -> str | None:
+        """How the engine served this entry's prefix hit (what ``spec`` decided), for the
+        case's results; None without one."""
+        if not self.prefix_hit:
+            return None
+        spec = self.spec(window)
+        if spec.recomputed_rows:
+            return (f"hit {self.cached_len} of {self.prompt_len}: recomputes "
+                    f"[{spec.cached_len}, {spec.filled_len})")
+        return f"hit {self.cached_len} of {self.prompt_len}: not adopted (<= W={window}), from 0"
 
     def problems(self, args: ModelArgs) -> list[Problem]:
+        if self.spec_decode_tokens and not self.decode:
+            return [(("spec_decode_tokens",), "verify rows follow a decode row: set decode: "
+                                              "true")]
+        if self.spec_decode_tokens + 1 > args.window:
+            return [(("spec_decode_tokens",), f"a decode row and {self.spec_decode_tokens} "
+                                              f"verify rows exceed the model window "
+                                              f"W={args.window} (SPEC 2: q <= W)")]
+        if self.prefix_hit and (self.decode or self.cached_len == 0):
+            return [(("prefix_hit",), "a prefix hit is a prefill's cached_len > 0 (the hit's "
+                                      "length)")]
         if not self.decode and self.cached_len >= self.prompt_len:
             return [(("cached_len",), f"a prefill's cached_len must be below prompt_len="
                                       f"{self.prompt_len}, got {self.cached_len}")]
-        seq_len = self.spec().seq_len
+        if (self.prefix_hit and self.cached_len > args.window and self.chunk_size is not None
+                and self.chunk_size <= args.window):
+            return [(("chunk_size",), f"a prefix hit recomputes W={args.window} rows first: "
+                                      f"the chunk must hold them and more, got "
+                                      f"{self.chunk_size}")]
+        seq_len = self.spec(args.window).seq_len
         if seq_len > args.max_seq_len:
             return [(("prompt_len",), f"the request reaches length {seq_len}, above the model's "
                                       f"max_seq_len={args.max_seq_len}")]
@@ -149,7 +191,9 @@ class RequestGenerator(_Strict):
     decodes: NonNegativeInt = 0
     decode_context: PositiveInt | None = None
 
-    def specs(self) -> list[RequestSpec]:
+    def specs(self, window: int) -> list[RequestSpec]:
+        """``window`` unused: generated requests ask for no gate (the entries' signature)."""
+        del window
         out: list[RequestSpec] = []
         if self.prefills:
             out += [RequestSpec(prompt_len=self.prompt_len, cached_len=self.cached_len,
@@ -222,9 +266,10 @@ class Workload(_Strict):
     # permutation of every slot, or explicit indices (a serving engine's slots are not batch order).
     cache_order: Literal["sequential", "reversed", "shuffled"] | list[NonNegativeInt] = "sequential"
 
-    def specs(self) -> list[RequestSpec]:
-        out = [spec for entry in self.requests for spec in entry.specs()]
-        return out + [spec for gen in self.generators for spec in gen.specs()]
+    def specs(self, window: int) -> list[RequestSpec]:
+        """The step's requests as the engine runs them under the model's ``window``."""
+        out = [spec for entry in self.requests for spec in entry.specs(window)]
+        return out + [spec for gen in self.generators for spec in gen.specs(window)]
 
     def cache_indices(self, num: int, max_requests: int, seed: int) -> list[int] | None:
         """Each request's cache index; None for batch order."""
@@ -341,6 +386,16 @@ class Sweep(_Strict):
         return not self.grid and not self.zip
 
 
+class EngineGates(_Strict):
+    """The engine-level replay gates (``EngineConfig``; README "Engine gates"): KV block reuse
+    (TensorRT-LLM: no replay), LoRA and prompt embeddings (vLLM: no replay graphs; ATOM's
+    ``tail`` replays text prefills only). Applied whatever the policy; each case records them."""
+
+    kv_block_reuse: bool = False
+    lora: bool = False
+    prompt_embeds: bool = False
+
+
 class Parallel(_Strict):
     """The parallel layout (``swa_bench.parallel``): DP replicas of a TP group whose experts are
     split over ``ep`` ranks (1 or tp). A layout of more than one process runs under torchrun."""
@@ -380,6 +435,7 @@ class Scenario(_Strict):
     replay_graphs: bool = DEFAULT_REPLAY_GRAPHS
     replay_capture_sizes: list[PositiveInt] | None = None
     kernels: KernelsSpec = Field(default_factory=KernelsSpec)
+    engine: EngineGates = Field(default_factory=EngineGates)
     sweep: Sweep = Field(default_factory=Sweep)
     checks: Checks = Field(default_factory=Checks)
     timing: Timing = Field(default_factory=Timing)
@@ -424,7 +480,13 @@ class Scenario(_Strict):
                                          expert_precision=self.expert_precision)
 
     def requests(self) -> list[RequestSpec]:
-        return self.workload.specs()
+        return self.workload.specs(self.model_args().window)
+
+    def prefix_hits(self) -> list[str]:
+        """How the engine served each prefix hit of the workload (``RequestEntry.served_hit``)."""
+        window = self.model_args().window
+        return [hit for entry in self.workload.requests
+                if (hit := entry.served_hit(window)) is not None]
 
     def kernel_settings(self) -> KernelSettings:
         """The ``kernels:`` section over the environment's default, read here (a case resolves
@@ -440,6 +502,8 @@ class Scenario(_Strict):
             capture_sizes=self.capture_sizes, max_capture_size=self.max_capture_size,
             halo_align=self.halo_align, kernels=self.kernel_settings(),
             replay_graphs=self.replay_graphs, replay_capture_sizes=self.replay_capture_sizes,
+            kv_block_reuse=self.engine.kv_block_reuse, lora=self.engine.lora,
+            prompt_embeds=self.engine.prompt_embeds,
         )
 
     def continuation_steps(self) -> int:
@@ -467,7 +531,11 @@ class Scenario(_Strict):
         if self.trim_threshold is not None and (
                 problem := trim_threshold_problem(self.trim_threshold, window)):
             out.append((("trim_threshold",), problem))
-        if self.graph_mode == "piecewise" and self.replay_graphs:
+        no_graphs = replay_graphs_gate(self.engine.lora, self.engine.prompt_embeds)
+        if no_graphs and self.replay_capture_sizes is not None:
+            out.append((("replay_capture_sizes",), f"{no_graphs}: drop it, or engine.lora and "
+                                                   "engine.prompt_embeds"))
+        elif self.graph_mode == "piecewise" and self.replay_graphs and not no_graphs:
             capture = self.capture_sizes or default_capture_sizes(self.max_capture_size)
             try:
                 default_replay_capture_sizes(args, capture, self.replay_capture_sizes)
@@ -614,7 +682,7 @@ class Scenario(_Strict):
         for kind, entries in (("requests", self.workload.requests),
                               ("generators", self.workload.generators)):
             for i, entry in enumerate(entries):
-                longest = max((r.seq_len for r in entry.specs()), default=0)
+                longest = max((r.seq_len for r in entry.specs(args.window)), default=0)
                 if longest + reserve > args.max_seq_len:
                     out.append((("workload", kind, i, "prompt_len"),
                                 f"reaches length {longest}; the checks decode {reserve} more "

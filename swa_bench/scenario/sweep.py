@@ -179,7 +179,7 @@ def _part(case: Case, path: str, key: str) -> str:
         node = _node(case.scenario, path.split("."))
         items = node if isinstance(node, list) else [node]
         if all(hasattr(item, "specs") for item in items):
-            specs = [spec for item in items for spec in item.specs()]
+            specs = [spec for item in items for spec in item.specs(case.model_args().window)]
             return f"{path.removeprefix('workload.')}={describe_requests(specs)}"
         key = path.removeprefix("workload.")
     return f"{key}={_compact(value)}"
@@ -193,17 +193,22 @@ def _node(node: Any, parts: list[str]) -> Any:
 
 def describe_requests(specs: list[RequestSpec]) -> str:
     """Requests in a label's words: ``240of300`` a chunk of a 300-token prompt, ``240+60`` 60
-    rows after 240 in the caches, ``dec@20`` a decode row after 20, ``lp`` prompt logprobs,
-    ``3x`` three alike in a row; comma-separated."""
+    rows after 240 in the caches, ``dec@20`` a decode row after 20 (``dec@20+3v`` with three
+    verify rows), ``hit12:4+26`` a prefix hit of 12 recomputed from 4, ``lp`` prompt logprobs,
+    ``cl`` context logits, ``3x`` three alike in a row; comma-separated."""
     items = []
     for r in specs:
         if r.decode:
             text = f"dec@{r.context_len}"
+            text += f"+{r.spec_decode_tokens}v" if r.spec_decode_tokens else ""
         else:
             text = f"{r.context_len}+{r.query_len}" if r.context_len else str(r.query_len)
+            if r.recomputed_rows:
+                text = f"hit{r.filled_len}:{text}"
             if r.seq_len < r.prompt_len:
                 text += f"of{r.prompt_len}"
-        items.append(text + ("lp" if r.prompt_logprobs else ""))
+        items.append(text + ("lp" if r.prompt_logprobs else "") + ("cl" if r.context_logits
+                                                                   else ""))
     runs = [(item, len(list(group))) for item, group in itertools.groupby(items)]
     return ",".join(f"{n}x{item}" if n > 1 else item for item, n in runs) or "none"
 
