@@ -27,6 +27,7 @@ from swa_bench.model.cache import KVCache
 from swa_bench.model.latent_attention import Attention
 from swa_bench.model.model import Transformer, build_model, materialize
 from swa_bench.model.moe import Gate, MoE, RoutedExperts, combine_pairs, grouped_mm, swiglu
+from swa_bench.model.precision import expert_input
 from swa_bench.parallel.collectives import all_reduce_sum
 from swa_bench.parallel.layout import ParallelLayout
 
@@ -68,10 +69,11 @@ class ExpertParallelMoE(MoE):
         self.group = group
 
     def routed(self, x: torch.Tensor, out: torch.Tensor | None = None, fused: bool = False,
-               shared: torch.Tensor | None = None) -> torch.Tensor:
+               shared: torch.Tensor | None = None,
+               x_in: torch.Tensor | None = None) -> torch.Tensor:
         """``MoE.routed`` over this rank's experts: pairs routed elsewhere sort last, outside every
         group of the grouped GEMM, and contribute zero. Always the PyTorch steps (``fused`` is
-        not taken: the fused combine has no mask for other ranks' pairs)."""
+        not taken: the fused combine has no mask for other ranks' pairs); ``x_in`` as there."""
         k = self.top_k
         experts, weights = self.route(x)
         local = experts.flatten() - self.first_expert
@@ -81,9 +83,10 @@ class ExpertParallelMoE(MoE):
         bounds = torch.arange(1, self.n_local + 1, device=x.device)
         ends = torch.searchsorted(pairs[order], bounds).to(torch.int32)
         w = self.experts
-        h = grouped_mm(x.index_select(0, order // k), w.w13, ends)
-        y = grouped_mm(swiglu(h, self.swiglu_limit, weights.flatten()[order][:, None]), w.w2,
-                       ends)
+        x_in = expert_input(self.args, x) if x_in is None else x_in
+        h = grouped_mm(x_in.index_select(0, order // k), w.w13, ends)
+        a = swiglu(h, self.swiglu_limit, weights.flatten()[order][:, None])
+        y = grouped_mm(expert_input(self.args, a), w.w2, ends)
         y = torch.where(mine[order][:, None], y, 0)
         return combine_pairs(y, order, k, shared, out, x.dtype)
 

@@ -71,6 +71,13 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
     )
 
 
+def kernel_record(case: Case, device: torch.device) -> KernelRecord:
+    """The kernels ``case`` runs on ``device``, as its result records them (the one place: a
+    resumed run compares its finished cases' records with this)."""
+    kernels = resolve_kernels(case.engine_config().kernels, device.type)
+    return KernelRecord(**kernels.record(), quantised_gemm=quantised_gemm(case.model_args()))
+
+
 def resolve_device(scenario: Scenario) -> torch.device:
     """``auto`` takes the GPU when there is one; asking for ``cuda`` without one is bad input."""
     if scenario.device == "cuda" and not torch.cuda.is_available():
@@ -245,9 +252,7 @@ class CaseRunner:
         sc = case.scenario
         result = case_skeleton(case, status="ok")
         try:
-            kernels = resolve_kernels(case.engine_config().kernels, self.device.type)
-            result.kernels = KernelRecord(**kernels.record(),
-                                          quantised_gemm=quantised_gemm(case.model_args()))
+            result.kernels = kernel_record(case, self.device)
             model = self.model(case)
             if sc.workload.prompts:
                 self.run_prompts(case, model, result, timing=timing)

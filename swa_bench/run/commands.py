@@ -23,10 +23,9 @@ from rich.console import Console
 from swa_bench import tool_version
 from swa_bench.bench.advice import threshold_advice
 from swa_bench.bench.environment import capture_environment, scenario_hash
-from swa_bench.engine.config import resolve_kernels
 from swa_bench.report.console import print_checks, print_run_summary, report_checks
 from swa_bench.results import ResultsError, RunResults, load_results, save_results
-from swa_bench.run.cases import CaseRunner, resolve_device
+from swa_bench.run.cases import CaseRunner, kernel_record, resolve_device
 from swa_bench.run.folder import claim_for
 from swa_bench.run.progress import case_progress
 from swa_bench.run.shards import clear_shards, run_sharded, shard_results, worker_count
@@ -99,7 +98,7 @@ def refuse_other_kernels(run_dir: Path, results: RunResults, cases: Sequence[Cas
         case = by_id.get(done.case_id)
         if case is None or done.kernels is None:
             continue
-        now = resolve_kernels(case.engine_config().kernels, runner.device.type).record()
+        now = kernel_record(case, runner.device).model_dump()
         if done.kernels.model_dump() != now:
             before = done.kernels.model_dump()
             what = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in now if before[k] != now[k])

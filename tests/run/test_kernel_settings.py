@@ -47,9 +47,10 @@ def test_two_kernel_settings_are_recorded_and_refused_by_compare(tmp_path, monke
     recorded = {name: [c.kernels.model_dump() for c in load_results(out).cases]
                 for name, out in runs.items()}
     assert recorded == {
-        "torch": [{"backend": "torch", "tile": "-", "launch": "-", "interpret": False}],
+        "torch": [{"backend": "torch", "tile": "-", "launch": "-", "interpret": False,
+                   "quantised_gemm": "-"}],
         "triton": [{"backend": "triton", "tile": "16,0,4,1", "launch": "direct",
-                    "interpret": True}],
+                    "interpret": True, "quantised_gemm": "-"}],
     }
     comparison = compare_runs(load_results(runs["torch"]), load_results(runs["triton"]))
     (row,) = comparison.rows
