@@ -230,8 +230,9 @@ class ModelArgs:
         # Every quantised vector splits into whole groups (32; the compressed KV's 16).
         widths = {"dim": self.dim, "q_lora_rank": self.q_lora_rank, "head_dim": self.head_dim,
                   "moe_inter_dim": self.moe_inter_dim,
-                  "o_groups x o_lora_rank (wo_b's input)": self.o_groups * self.o_lora_rank,
-                  "index_head_dim": self.index_head_dim}
+                  "o_groups x o_lora_rank (wo_b's input)": self.o_groups * self.o_lora_rank}
+        if self.index_topk is not None:  # the indexer's q and keys (sparse attention only)
+            widths["index_head_dim"] = self.index_head_dim
         out = [(name, f"must be a multiple of 32 under precision fp8 (the quantisation "
                       f"groups), got {value}")
                for name, value in widths.items() if value % 32]
