@@ -25,7 +25,6 @@ step's early rows need positions the step itself overwrites.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from swa_bench.kernels import mqa_attention
 from swa_bench.model.batch import AttentionMetadata
@@ -110,29 +109,36 @@ def gathered_attention(
 
 def _online_softmax_pv(parts: list[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor,
                        dtype: torch.dtype) -> torch.Tensor:
-    """``sparse_attn``'s online softmax over blocks of 64 columns of the concatenated parts (a
-    block may span two parts), in one pass: each block's probabilities ``exp(s - m)`` against
-    the running max ``m`` at that block (from -1e30: a row with no valid key yields zeros),
-    rounded to ``dtype`` for the product with the values, then weighted by ``exp(m - m_last)``
-    (the kernel's sequential rescaling, up to fp32 rounding); fp32 sums of the unrounded
-    probabilities, the sink last. Values are per row ``[C, n, D]`` or shared ``[n, D]``."""
-    scores = torch.cat([s for s, _ in parts], dim=-1)  # [C, H, n]
-    c, h, n = scores.shape
-    pad = -n % SPARSE_ATTN_BLOCK
-    blocks = F.pad(scores, (0, pad), value=float("-inf")).view(c, h, -1, SPARSE_ATTN_BLOCK)
-    run_max = torch.cummax(blocks.amax(-1).clamp(min=-1e30), dim=-1).values  # [C, H, nb]
-    p = torch.exp(blocks - run_max[..., None])
-    last = run_max[..., -1:]
-    weight = torch.exp(run_max - last)  # [C, H, nb]
-    total = (p.sum(-1) * weight).sum(-1) + torch.exp(sink.float().view(1, -1) - last[..., 0])
-    p = (p.to(dtype).float() * weight[..., None]).view(c, h, -1)[..., :n]
+    """``sparse_attn``'s loop over blocks of 64 columns of the concatenated parts (a block may
+    span two parts): the running max from -1e30 (a row with no valid key yields zeros), the
+    previous sums rescaled, ``p = exp(s - max)`` summed in fp32 and rounded to ``dtype`` for the
+    product with the values; values are per row ``[C, n, D]`` or shared ``[n, D]``."""
+    c, h = parts[0][0].shape[:2]
     d = parts[0][1].shape[-1]
-    acc, start = scores.new_zeros(c, h, d), 0
-    for s, v in parts:
-        width = s.shape[-1]
-        pv = p[..., start : start + width]
-        acc.add_(torch.bmm(pv, v) if v.dim() == 3 else (pv.reshape(c * h, width) @ v).view(c, h, d))
-        start += width
+    acc = parts[0][0].new_zeros(c, h, d)
+    total = parts[0][0].new_zeros(c, h)
+    run_max = parts[0][0].new_full((c, h), -1e30)
+    spans = [(s, v, s.shape[-1]) for s, v in parts]
+    width = sum(n for *_, n in spans)
+    for b0 in range(0, width, SPARSE_ATTN_BLOCK):
+        b1 = min(width, b0 + SPARSE_ATTN_BLOCK)
+        pieces, start = [], 0
+        for s, v, n in spans:  # the block's columns, part by part
+            lo, hi = max(b0, start) - start, min(b1, start + n) - start
+            if lo < hi:
+                pieces.append((s[..., lo:hi], v[..., lo:hi, :]))
+            start += n
+        new_max = torch.maximum(run_max, torch.stack([s.amax(-1) for s, _ in pieces]).amax(0))
+        rescale = torch.exp(run_max - new_max)
+        acc.mul_(rescale[..., None])
+        total.mul_(rescale)
+        for s, v in pieces:
+            p = torch.exp(s - new_max[..., None])
+            total.add_(p.sum(-1))
+            p = p.to(dtype).float()
+            acc.add_(torch.bmm(p, v) if v.dim() == 3 else (p.reshape(c * h, -1) @ v).view(c, h, d))
+        run_max = new_max
+    total.add_(torch.exp(sink.float().view(1, -1) - run_max))
     return acc.div_(total[..., None]).to(dtype)
 
 
