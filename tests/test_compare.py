@@ -397,3 +397,16 @@ def test_engine_gates_on_one_side_are_named():
     current.cases[0].kv_block_reuse = True
     row = compare_runs(baseline, current).rows[0]
     assert "engine gates differ (kv_block_reuse False -> True)" in row.reasons
+
+
+def test_cases_in_another_precision_are_incomparable():
+    """The same figures in bf16 and in fp8 are two computations: named, and the gate fails."""
+    baseline = with_kernels(clean_run())
+    current = baseline.model_copy(deep=True)
+    for case in current.cases:
+        case.precision, case.expert_precision = "fp8", "w4a8"
+    comparison = compare_runs(baseline, current)
+    assert statuses(comparison) == {"incomparable"} and comparison.failed
+    assert all(row.reasons[0].startswith("kernels differ (precision bf16 -> fp8, "
+                                         "expert_precision None -> w4a8")
+               for row in comparison.rows)

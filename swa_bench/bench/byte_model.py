@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_bench.bench.flop_model import QueryRows, chunks, layer_flops, whole_and_kept
+from swa_bench.bench.flop_model import QueryRows, chunks, layer_flops, sum_by_part, whole_and_kept
 from swa_bench.kernels import TORCH_KERNELS, Kernels
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.attention import varlen_chunk_rows
@@ -348,13 +348,8 @@ def step_bytes(
     distinct_experts: Mapping[int, int] | None = None,
 ) -> dict[str, int]:
     """``layer_bytes`` summed by part, and ``total``."""
-    parts = dict.fromkeys(PARTS, 0)
-    for entry in layer_bytes(args, requests, kept_lens, device, kernels, formats,
-                             distinct_experts).values():
-        for name, value in entry.items():
-            parts[name] += value
-    parts["total"] = sum(parts.values())
-    return parts
+    return sum_by_part(layer_bytes(args, requests, kept_lens, device, kernels, formats,
+                                   distinct_experts), PARTS)
 
 
 @dataclass(frozen=True)

@@ -220,9 +220,14 @@ def step_flops(
 ) -> dict[str, int]:
     """FLOPs of an eager step by part (and ``total``) on ``kernels``; ``kept_lens`` are the plan's
     (each request's query length when the decoder runs on the whole batch)."""
-    parts = dict.fromkeys(PARTS, 0)
-    for layer in layer_flops(args, requests, kept_lens, device, kernels).values():
-        for name, value in layer.items():
-            parts[name] += value
-    parts["total"] = sum(parts.values())
-    return parts
+    return sum_by_part(layer_flops(args, requests, kept_lens, device, kernels), PARTS)
+
+
+def sum_by_part(entries: dict[str, dict[str, int]], parts: Sequence[str]) -> dict[str, int]:
+    """Per-layer figures summed by part, with their ``total`` (the FLOP and the byte model's)."""
+    out = dict.fromkeys(parts, 0)
+    for entry in entries.values():
+        for name, value in entry.items():
+            out[name] += value
+    out["total"] = sum(out.values())
+    return out
