@@ -10,6 +10,11 @@ import torch
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (`-n 2` in CI) each worker is one of the machine's cores: one intra-op
+# thread each, or two workers' spin-waiting threads would fight over the two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 from swa_bench.engine.config import triton_interpreting
 from swa_bench.model.args import PRESETS
 from swa_bench.model.model import build_model

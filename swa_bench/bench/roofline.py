@@ -19,7 +19,8 @@ import torch
 from swa_bench.bench.byte_model import LayerCost
 from swa_bench.bench.timing import time_fn
 
-GEMM_SIZE = {"cuda": 8192, "cpu": 1024}
+GEMM_SIZE = {"cuda": 8192, "cpu": 1024}  # the CPU's is the largest its probe may grow to
+CPU_PROBE_MS = 5.0  # a CPU probe GEMM grows until one call takes this long
 # 5x the H200's 50 MB L2 (4.05 TB/s there in bf16; a 1 GiB copy 4.2), 32 MiB on a CPU
 COPY_BYTES = {"cuda": 1 << 28, "cpu": 1 << 25}
 
@@ -29,14 +30,36 @@ def gemm_tflops(
     threads: int | None = None,
 ) -> float:
     """TFLOP/s of a square ``size``-cubed matmul in ``dtype`` on ``device`` (median of 10 after 3
-    warm-ups; random data: zeros run faster on a GPU). CPU runs use ``threads`` threads."""
+    warm-ups; random data: zeros run faster on a GPU). CPU runs use ``threads`` threads. Without
+    ``size`` a GPU multiplies 8192-cubed; a CPU doubles a 128-cubed product until one call takes
+    ``CPU_PROBE_MS`` (at most 1024): a CPU without bf16 instructions multiplies bf16 50x slower
+    than fp32, and a fixed 1024-cubed probe took 40 s there."""
     device = torch.device(device)
+    if size is None and device.type == "cpu":
+        size = cpu_probe_size(dtype, threads)
     n = size or GEMM_SIZE.get(device.type, 1024)
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    a, b = _operands(n, device, dtype)
     stats = time_fn(lambda: a @ b, device=device, warmup=3, iters=10, threads=threads)
     return 2 * n**3 / (stats.median_ms * 1e-3) / 1e12
+
+
+def _operands(n: int, device: torch.device, dtype: torch.dtype):
+    gen = torch.Generator(device=device).manual_seed(0)
+    return (torch.randn(n, n, device=device, dtype=dtype, generator=gen),
+            torch.randn(n, n, device=device, dtype=dtype, generator=gen))
+
+
+def cpu_probe_size(dtype: torch.dtype, threads: int | None = None) -> int:
+    """The smallest power of two from 128 whose square matmul takes ``CPU_PROBE_MS`` on this CPU
+    (one call after one warm-up), capped at ``GEMM_SIZE["cpu"]``."""
+    n = 128
+    while n < GEMM_SIZE["cpu"]:
+        a, b = _operands(n, torch.device("cpu"), dtype)
+        if time_fn(lambda a=a, b=b: a @ b, device=torch.device("cpu"), warmup=1, iters=1,
+                   threads=threads).median_ms >= CPU_PROBE_MS:
+            break
+        n *= 2
+    return n
 
 
 def achieved_tflops(flops: int | float, median_ms: float) -> float:

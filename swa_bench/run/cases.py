@@ -108,9 +108,7 @@ class CaseRunner:
     def device_tflops(self, dtype: str, threads: int | None) -> float:
         """This device's GEMM rate in ``dtype``, measured once per run: what MFU is against."""
         if dtype not in self.gemm_tflops:
-            size = None if self.device.type == "cuda" else 512
-            self.gemm_tflops[dtype] = gemm_tflops(self.device, DTYPES[dtype], size=size,
-                                                  threads=threads)
+            self.gemm_tflops[dtype] = gemm_tflops(self.device, DTYPES[dtype], threads=threads)
         return self.gemm_tflops[dtype]
 
     def device_bandwidth(self, dtype: str, threads: int | None) -> float:

@@ -2,8 +2,9 @@
 over each path's samples decides every length from the largest down to the crossover; else
 "not enough evidence". The default scenario, measured twice, gives one answer or says so."""
 
+from pathlib import Path
+
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -176,32 +177,32 @@ def test_advice_per_mode_and_policy_from_a_run():
         assert not a.decided
 
 
-@pytest.mark.slow
-def test_the_default_scenarios_advice_repeats_or_says_not_enough_evidence(tmp_path):
-    """Three default runs once advised 119, none, 119 for eager/halo. Two independent timings of
-    the smoke scenario's cases (checks off: only the timing decides advice) must give the same
-    threshold per group, or one of them no advice ("not enough evidence")."""
-    from swa_bench.bench.advice import threshold_advice
-    from swa_bench.run.cases import CaseRunner
-    from swa_bench.scenario import default_scenario_path, load_cases
+def test_ci_fails_when_two_runs_of_one_scenario_advise_different_thresholds(tmp_path):
+    """`.ci/same_advice.py` (run on the timing gate's A/A pair): a decided advice that flips
+    between the runs fails it; the same advice, or one run without enough evidence, passes."""
+    import importlib.util
 
-    data = yaml.safe_load(default_scenario_path().read_text())
-    data["checks"] = {name: {"enabled": False} for name in ("e1", "e2", "e3", "e4", "e5")}
-    path = tmp_path / "smoke-timing.yaml"
-    path.write_text(yaml.safe_dump(data))
-    scenario, cases = load_cases(path)
-    cases = [c for c in cases if c.params.get("graph_mode") != "full"]
-    window = scenario.model_args().window
-    answers = []
-    for _ in range(2):
-        runner = CaseRunner(scenario)  # a fresh runner: nothing is kept from the first timing
-        results = [runner.run_case(case) for case in cases]
-        assert all(r.status == "ok" for r in results), [r.error for r in results]
-        answers.append({(a.graph_mode, a.note.split(";")[0]): a
-                        for a in threshold_advice(results, window)})
-    first, second = answers
-    assert first.keys() == second.keys() and len(first) == 4
-    for group, a in first.items():
-        b = second[group]
-        assert (a.recommended_trim_threshold, a.decided) == (
-            b.recommended_trim_threshold, b.decided) or not (a.decided and b.decided), group
+    from swa_bench.results import RunResults, save_results
+    from swa_bench.results.schema import ThresholdAdvice
+
+    spec = importlib.util.spec_from_file_location(
+        "same_advice", Path(__file__).resolve().parents[2] / ".ci" / "same_advice.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(name, *advised):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_results(folder, RunResults(
+            scenario_name="smoke", scenario_file=None, scenario_hash="x", scenario={},
+            environment={}, started_at="now",
+            threshold_advice=[ThresholdAdvice(graph_mode=mode, batch="mixed",
+                                              recommended_trim_threshold=threshold,
+                                              decided=decided)
+                              for mode, threshold, decided in advised]))
+        return str(folder)
+
+    first = run("a", ("eager", 119, True), ("piecewise", 64, True))
+    assert script.main(first, run("b", ("eager", 119, True), ("piecewise", None, False))) == 0
+    assert script.main(first, run("c", ("eager", None, True), ("piecewise", 64, True))) == 1
+    assert script.main(first, run("d", ("eager", 119, True))) == 1

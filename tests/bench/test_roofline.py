@@ -3,8 +3,10 @@ import torch
 
 from swa_bench.bench.byte_model import LayerCost
 from swa_bench.bench.roofline import (
+    CPU_PROBE_MS,
     achieved_tflops,
     copy_bandwidth,
+    cpu_probe_size,
     gemm_tflops,
     roofline_ideal_speedup,
     roofline_ms,
@@ -19,6 +21,22 @@ def test_achieved_rate_is_flops_over_time():
 def test_cpu_gemm_rate_is_measured():
     rate = gemm_tflops(torch.device("cpu"), torch.float32, size=256, threads=1)
     assert 1e-4 < rate < 10, rate  # a CPU core: well above 0.1 GFLOP/s, far below 10 TFLOP/s
+
+
+@pytest.mark.parametrize(("ms_at_128", "size"), [(0.01, 1024), (0.1, 512), (1.0, 256),
+                                                  (CPU_PROBE_MS, 128), (50.0, 128)])
+def test_the_cpu_probe_grows_until_a_call_takes_long_enough(monkeypatch, ms_at_128, size):
+    """A call of n-cubed takes (n / 128)^3 times the 128-cubed one: the probe stops at the
+    first size that takes CPU_PROBE_MS, or at 1024."""
+    from swa_bench.bench import roofline
+    from swa_bench.bench.timing import summarize
+
+    def timed(fn, **kwargs):
+        n = fn.__defaults__[0].shape[0]
+        return summarize([ms_at_128 * (n / 128) ** 3])
+
+    monkeypatch.setattr(roofline, "time_fn", timed)
+    assert cpu_probe_size(torch.float32) == size
 
 
 @pytest.mark.cuda

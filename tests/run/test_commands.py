@@ -53,14 +53,18 @@ def quiet() -> Console:
 
 
 def test_default_run_end_to_end(tmp_path, monkeypatch):
-    """`swa-bench run` with no argument: the smoke scenario, a table, a valid results.json."""
+    """`swa-bench run` with no scenario: the smoke scenario, a table, a valid results.json. One
+    case of it (``-k``): `.ci/run` runs all nine, and gates them against a baseline."""
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "smoke")])
+    label = "piecewise/halo/T=119"
+    result = CliRunner().invoke(app, ["run", "-k", label, "--out", str(tmp_path / "smoke")])
     assert result.exit_code == 0, result.output
     assert "ref ms" in result.output and "PASS" in result.output
     results = load_results(tmp_path / "smoke")
     assert results.verdict() == "pass"
-    assert len(results.cases) == len(expand_cases(load_scenario(default_scenario_path())))
+    everything = expand_cases(load_scenario(default_scenario_path()))
+    assert [c.label for c in results.cases] == [c.label() for c in everything
+                                                if c.matches(label)] == [label]
     for name in ("results.json", "results.csv", "report.md", "report.html", "junit.xml"):
         assert (tmp_path / "smoke" / name).exists()
     case = results.cases[0]
