@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -32,6 +33,7 @@ from swa_bench.checks.tolerance import ENVELOPE, Allowance
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs, decode_requests
+from swa_bench.kernels.batch_invariant import batch_invariant_ops
 from swa_bench.kernels.config import KernelSettings
 from swa_bench.model.model import Transformer
 from swa_bench.model.requests import RequestSpec
@@ -64,6 +66,19 @@ def check_precision() -> Iterator[None]:
     finally:
         for (owner, name), value in zip(_PRECISION_FLAGS, saved, strict=True):
             setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def check_mode(invariant: bool, device: torch.device) -> Iterator[None]:
+    """``check_precision``, and with ``invariant`` the batch-invariant mode
+    (``kernels.batch_invariant``): every forward of the check, the engine's, the oracle's and
+    the truth's, computes a row with the same bits in any batch."""
+    with check_precision():
+        if not invariant:
+            yield
+            return
+        with batch_invariant_ops(device):
+            yield
 
 
 def _widened(tol: Tolerance, truth: torch.Tensor, dtype: torch.dtype) -> Tolerance:
@@ -236,13 +251,15 @@ def decode(engine: Engine, workload: StepInputs, step: int, tokens: Sequence[int
                        workload.cache_indices)
 
 
-def _envelope(prefix: str, pairs, dtype: torch.dtype, allowed: Tolerance | Allowance):
+def _envelope(prefix: str, pairs, dtype: torch.dtype, allowed: Tolerance | Allowance,
+              invariant: bool = False):
     """(diagnostics, worst ratio, max abs) of ``(name, candidate, truth)`` pairs under the
-    rounding envelope, or what ``allowed`` sets in its place."""
+    rounding envelope, or what ``allowed`` sets in its place; bitwise in the batch-invariant
+    mode (the ratio is then still reported against the envelope)."""
     diags, ratio, max_abs = [], 0.0, 0.0
     for name, a, b in pairs:
         tol = allowed.over(envelope_tolerance(b, dtype))
-        diags.append(compare(f"{prefix}{name}", a, b, tol))
+        diags.append(compare(f"{prefix}{name}", a, b, None if invariant else tol))
         ratio = max(ratio, envelope_ratio(a, b, tol))
         if a.shape == b.shape and a.numel():
             max_abs = max(max_abs, float((a.double() - b.double()).abs().nan_to_num(
@@ -253,11 +270,13 @@ def _envelope(prefix: str, pairs, dtype: torch.dtype, allowed: Tolerance | Allow
 def _truth(
     pristine: Engine, workload: StepInputs, ora: oracle.OracleOutput, dtype: torch.dtype,
     layer_metadata: dict | None = None, compared: dict[int, list[int]] | None = None,
+    invariant: bool = False,
 ) -> tuple[StepOutput, Engine, SelectionComparison]:
     """The full-batch truth of the oracle's step on a copy of ``pristine``'s caches. For a
     sparse model its top-k selections are judged against the replay's (``checks.selection``);
     where they differ by near-ties it runs again on the replay's selection, so the outputs are
-    compared on equal selections."""
+    compared on equal selections. In the batch-invariant mode a selection must be equal: one
+    that differs fails, and nothing runs again."""
     reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
     sparse = ora.kept_context is not None and pristine.args.sparse
     truth = twin_of(pristine)
@@ -265,6 +284,14 @@ def _truth(
                                record_index_queries=sparse)
     chosen = (compare_selections(ora, ref, truth.cache, dtype, compared=compared) if sparse
               else SelectionComparison())
+    if chosen.given and invariant:
+        chosen.diagnostics.append(Diagnostic(
+            tensor=f"top-k selections in the batch-invariant mode ({chosen.rows_differing} of "
+                   f"{chosen.rows_compared} (row, index source) pairs differ)",
+            mismatched=chosen.rows_differing, total=chosen.rows_compared,
+            share=chosen.rows_differing / max(chosen.rows_compared, 1), max_abs=math.inf,
+            max_rel=math.inf, worst_index=[]))
+        chosen.given = {}
     if chosen.given:
         del ref
         truth = twin_of(pristine)
@@ -276,6 +303,7 @@ def _truth(
 def check_e1(
     model: Transformer, workload: StepInputs, config: EngineConfig, *, decode_steps: int,
     tol: Tolerance | Allowance = ENVELOPE, engines: EngineSource | None = None,
+    invariant: bool = False,
 ) -> CheckResult:
     """Replay == the bounded reference, in the case's graph mode.
 
@@ -283,11 +311,12 @@ def check_e1(
     streams (zeros at trimmed rows), the logits and every cache, then ``decode_steps`` decode
     steps. Within the envelope: the oracle's kept rows, logits and caches against the full-batch
     bounded reference (decoder windows cut at the oracle's kept starts), within ``tol``
-    (default: the envelope)."""
+    (default: the envelope); bitwise in the batch-invariant mode (``invariant``)."""
     config = e1_config(config)
-    with check_precision():
+    with check_mode(invariant, model.embed.weight.device):
         eng = prepared(_source(model, engines)(config), workload)
-        return check_e1_carried(eng, workload, decode_steps=decode_steps, tol=tol)
+        return check_e1_carried(eng, workload, decode_steps=decode_steps, tol=tol,
+                                invariant=invariant)
 
 
 def e1_config(config: EngineConfig) -> EngineConfig:
@@ -299,7 +328,7 @@ def e1_config(config: EngineConfig) -> EngineConfig:
 
 def check_e1_carried(
     eng: Engine, workload: StepInputs, *, decode_steps: int,
-    tol: Tolerance | Allowance = ENVELOPE,
+    tol: Tolerance | Allowance = ENVELOPE, invariant: bool = False,
 ) -> CheckResult:
     """E1 of ``workload``'s step on ``eng``'s caches as they are (``check_e1`` fills them with
     the context first; a chunked prompt's earlier steps leave them): ``eng`` runs the step, then
@@ -307,7 +336,7 @@ def check_e1_carried(
     same caches."""
     policy, model = eng.config.policy, eng.model
     dtype = model.embed.weight.dtype
-    with check_precision():
+    with check_mode(invariant, model.embed.weight.device):
         pristine = twin_of(eng)
         reqs, toks, idx = workload.requests, workload.step_tokens, workload.cache_indices
         checked = _step_against_oracle("", eng, reqs, toks, idx)
@@ -316,7 +345,7 @@ def check_e1_carried(
         unpadded = pristine.prepare(reqs, toks, idx)
         ref, truth, chosen = _truth(
             pristine, workload, ora, dtype,
-            oracle.bounded_reference_metadata(unpadded, exp, model.args),
+            oracle.bounded_reference_metadata(unpadded, exp, model.args), invariant=invariant,
         )
         del pristine
         diags += chosen.diagnostics
@@ -331,7 +360,7 @@ def check_e1_carried(
                   for (name, a), (_, b) in zip(_row_outputs(ora), _row_outputs(ref), strict=True)]
         theirs = truth.cache.tensors()
         pairs += [(f"cache.{n}", t, theirs[n]) for n, t in twin.cache.tensors().items()]
-        env, ratio, max_abs = _envelope("reference:", pairs, dtype, tol)
+        env, ratio, max_abs = _envelope("reference:", pairs, dtype, tol, invariant)
         del truth, ref
         tokens = _last_tokens(out, out.logits.argmax(-1).tolist())
         for step in range(decode_steps):
@@ -344,9 +373,14 @@ def check_e1_carried(
                                                    None), *structure(f"decode{step}.", a, d_exp)]
             tokens = b.logits.argmax(-1).tolist()
     note = (f"{policy}, {exp.reason}, {len(exp.kept_rows)} kept rows, {decode_steps} decode "
-            f"steps bitwise vs the oracle; bounded reference envelope max abs {max_abs:.3g}, "
-            f"{ratio:.3g} of the allowance{chosen.note()}")
+            f"steps bitwise vs the oracle; bounded reference {_truth_note(invariant)} max abs "
+            f"{max_abs:.3g}, {ratio:.3g} of the allowance{chosen.note()}")
     return check_result("E1", f"{policy} replay == bounded reference", diags + env, None, note)
+
+
+def _truth_note(invariant: bool) -> str:
+    """How E1's and E2's full-batch half was judged, for the check's note."""
+    return "bitwise (batch-invariant mode)," if invariant else "envelope"
 
 
 def _last_tokens(out: StepOutput, argmax: list[int]) -> list[int]:
@@ -360,15 +394,16 @@ def _last_tokens(out: StepOutput, argmax: list[int]) -> list[int]:
 def check_e2(
     model: Transformer, workload: StepInputs, config: EngineConfig, *,
     tol: Tolerance | Allowance = ENVELOPE, engines: EngineSource | None = None,
+    invariant: bool = False,
 ) -> CheckResult:
     """Halo replay == the full prefill, in the case's graph mode: bitwise against the oracle's
     halo forward (rows, starts, streams, logits, caches), whose last-token logits and decoder
-    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope); so do
-    the DSpark draft rings (seeded from target layers' inputs at the last W rows, which the halo
-    computes exactly)."""
+    rings' last W slots equal the full prefill's within ``tol`` (default: the envelope; bitwise
+    in the batch-invariant mode); so do the DSpark draft rings (seeded from target layers'
+    inputs at the last W rows, which the halo computes exactly)."""
     config = dataclasses.replace(config, policy="halo")
     dtype = model.embed.weight.dtype
-    with check_precision():
+    with check_mode(invariant, model.embed.weight.device):
         eng = prepared(_source(model, engines)(config), workload)
         pristine = twin_of(eng)
         checked = _step_against_oracle("", eng, workload.requests, workload.step_tokens,
@@ -379,7 +414,8 @@ def check_e2(
         if ora.kept_context is not None:
             exact = {layer: oracle.halo_exact_rows(layer, exp.kept_lens, model.args)
                      for layer in ora.kept_context.index_selection}
-        ref, full, chosen = _truth(pristine, workload, ora, dtype, compared=exact)
+        ref, full, chosen = _truth(pristine, workload, ora, dtype, compared=exact,
+                                   invariant=invariant)
         del pristine
         diags += chosen.diagnostics
         pairs = [("last_token_logits", _last_rows(ora), _last_rows(ref))]
@@ -393,10 +429,11 @@ def check_e2(
                 pairs.append((f"draft_ring.{stage}[request {i}]",
                               twin.cache.draft_ring_window(stage, ci),
                               full.cache.draft_ring_window(stage, ci)))
-        env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, tol)
+        env, ratio, max_abs = _envelope("full_prefill:", pairs, dtype, tol, invariant)
     trimmed = exp.num_tokens - len(exp.kept_rows)
-    note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill envelope "
-            f"max abs {max_abs:.3g}, {ratio:.3g} of the allowance{chosen.note()}")
+    note = (f"{exp.reason}, {trimmed} rows trimmed, bitwise vs the oracle; full prefill "
+            f"{_truth_note(invariant)} max abs {max_abs:.3g}, {ratio:.3g} of the allowance"
+            f"{chosen.note()}")
     return check_result("E2", "halo replay == full prefill", diags + env, None, note)
 
 

@@ -401,20 +401,31 @@ def check_summary_line(cases: Sequence[CaseResult]) -> str:
             f"{counts['failed']} failed, {counts['errors']} raised")
 
 
-def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> None:
+CHECK_MODES = {
+    False: "checks mode: default (E1/E2 vs the full batch within the rounding envelope)",
+    True: "checks mode: batch-invariant (E1/E2 vs the full batch bitwise)",
+}
+
+
+def print_checks(console: Console, name: str, cases: Sequence[CaseResult],
+                 batch_invariant: bool = False) -> None:
     print_fitted(console, lambda compact: check_table(name, cases, compact), cases)
     print_failures(console, cases)
+    say(console, CHECK_MODES[batch_invariant], wrap=False)
     verdict = overall_verdict(cases)
     say(console, f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
         wrap=False)
 
 
-def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dict[str, Any]:
-    """``swa-bench check --json``: per scenario (name, file) its verdict, tallies and cases."""
+def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]],
+                invariant: Sequence[bool] = ()) -> dict[str, Any]:
+    """``swa-bench check --json``: per scenario (name, file) its verdict, the mode its checks
+    ran in, tallies and cases."""
     scenarios = []
-    for name, file, cases in checked:
+    for i, (name, file, cases) in enumerate(checked):
         scenarios.append({
             "name": name, "file": file, "verdict": overall_verdict(cases),
+            "batch_invariant": bool(invariant[i]) if i < len(invariant) else False,
             "counts": tally(cases),
             "cases": [{"case_id": c.case_id, "label": c.label, "params": c.params,
                        "status": c.status, "error": c.error,
@@ -427,9 +438,9 @@ def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dic
 
 
 def report_checks(checked: Sequence[tuple[str, str, Sequence[CaseResult]]], *,
-                  as_json: bool) -> int:
+                  as_json: bool, invariant: Sequence[bool] = ()) -> int:
     """Prints the JSON document when asked; the exit code: 0 only when every scenario passed."""
-    document = checks_json(checked)
+    document = checks_json(checked, invariant)
     if as_json:
         print(json.dumps(document, indent=2, default=str))
     return 0 if document["verdict"] == "pass" else 1

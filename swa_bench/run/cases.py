@@ -223,10 +223,12 @@ class CaseRunner:
                               lambda: selection.check_visibility(model, inputs, config))
         if cfg.e1.enabled and "e1" not in skip:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
-                                       tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines)
+                                       tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines,
+                                       invariant=cfg.batch_invariant)
         if cfg.e2.enabled and "e2" not in skip:
             yield equivalence.check_e2(model, inputs, config,
-                                       tol=Allowance(cfg.e2.rtol, cfg.e2.atol), engines=engines)
+                                       tol=Allowance(cfg.e2.rtol, cfg.e2.atol), engines=engines,
+                                       invariant=cfg.batch_invariant)
         if cfg.e3.enabled:
             yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:

@@ -332,6 +332,11 @@ class Checks(_Strict):
     e5: BitwiseCheck = Field(default_factory=BitwiseCheck)
     approximation: ApproximationCheck = Field(default_factory=ApproximationCheck)
     tasks: TasksCheck = Field(default_factory=TasksCheck)
+    # E1 and E2 in the batch-invariant mode (kernels/batch_invariant.py): every forward computes
+    # a row with the same bits in any batch, so their full-batch halves compare bitwise and a
+    # top-k selection that differs fails. CPU and the PyTorch kernels only; timing keeps the
+    # fast kernels.
+    batch_invariant: bool = False
 
 
 class Timing(_Strict):
@@ -541,6 +546,11 @@ class Scenario(_Strict):
                 default_replay_capture_sizes(args, capture, self.replay_capture_sizes)
             except ValueError as e:  # sizes beyond what a step can hold
                 out.append((("replay_capture_sizes",), str(e)))
+        if self.checks.batch_invariant and (self.device_type() != "cpu"
+                                            or self.kernels.backend == "triton"):
+            out.append((("checks", "batch_invariant"),
+                        "runs on CPU with the PyTorch kernels only (CUDA needs fixed-tile GEMM "
+                        "and attention kernels, not written yet)"))
         steps = self.checks.approximation.continuation_steps
         if steps is not None and steps < window:
             out.append((("checks", "approximation", "continuation_steps"),

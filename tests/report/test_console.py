@@ -257,3 +257,19 @@ def test_a_sweep_too_wide_for_80_columns_numbers_its_cases_instead_of_cutting_ce
     print_checks(Console(file=narrow, width=80, color_system=None), "coverage",
                  synthetic_run(error=False, failing=False).cases[:3])
     assert "#0:" not in narrow.getvalue() and "policy" in narrow.getvalue()
+
+
+def test_check_names_the_mode_its_verdicts_were_reached_in():
+    """`swa-bench check` prints, before its verdict, whether E1/E2's full-batch halves were
+    judged within the envelope or bitwise (the batch-invariant mode); --json carries it too."""
+    import io
+
+    from swa_bench.report.console import print_checks
+
+    for invariant, words in ((False, "within the rounding envelope"), (True, "bitwise")):
+        buffer = io.StringIO()
+        print_checks(Console(file=buffer, width=80, color_system=None), "s", [], invariant)
+        lines = buffer.getvalue().splitlines()
+        assert any(line.startswith("checks mode:") and words in line for line in lines), lines
+    document = checks_json([("s", "s.yaml", []), ("t", "t.yaml", [])], [True, False])
+    assert [s["batch_invariant"] for s in document["scenarios"]] == [True, False]
