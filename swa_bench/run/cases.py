@@ -214,6 +214,9 @@ class CaseRunner:
         selections against the oracle's causal rule (``selection.check_visibility``)."""
         sc, cfg, config = case.scenario, case.scenario.checks, case.engine_config()
         engines = functools.partial(self.engine, model)
+        # The batch-invariant mode's E1/E2 build engines of their own: graphs captured in the
+        # mode record its row-by-row ops, and the runner's engines are the ones timing replays.
+        invariant_engines = None if cfg.batch_invariant else engines
         if cfg.e1.enabled or cfg.e2.enabled:
             # E1's and E2's truths and the oracle share the model's visibility rule: graded
             # apart, first (what every later comparison assumes).
@@ -223,12 +226,12 @@ class CaseRunner:
                               lambda: selection.check_visibility(model, inputs, config))
         if cfg.e1.enabled and "e1" not in skip:
             yield equivalence.check_e1(model, inputs, config, decode_steps=2 * model.args.window,
-                                       tol=Allowance(cfg.e1.rtol, cfg.e1.atol), engines=engines,
-                                       invariant=cfg.batch_invariant)
+                                       tol=Allowance(cfg.e1.rtol, cfg.e1.atol),
+                                       engines=invariant_engines, invariant=cfg.batch_invariant)
         if cfg.e2.enabled and "e2" not in skip:
             yield equivalence.check_e2(model, inputs, config,
-                                       tol=Allowance(cfg.e2.rtol, cfg.e2.atol), engines=engines,
-                                       invariant=cfg.batch_invariant)
+                                       tol=Allowance(cfg.e2.rtol, cfg.e2.atol),
+                                       engines=invariant_engines, invariant=cfg.batch_invariant)
         if cfg.e3.enabled:
             yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:
