@@ -58,11 +58,14 @@ def config_for(model, tokens, **kw):
 def run(label, check, model, tokens, expect_pass=True, **kw):
     inputs = StepInputs.seeded([RequestSpec(prompt_len=tokens)], model.args.vocab_size, 0)
     t0 = time.time()
+    invariant = os.environ.get("INVARIANT") == "1"  # the batch-invariant mode (issue 29)
     if check == "E1":
         r = equivalence.check_e1(model, inputs, config_for(model, tokens),
-                                 decode_steps=kw.get("decode_steps", 2 * model.args.window))
+                                 decode_steps=kw.get("decode_steps", 2 * model.args.window),
+                                 invariant=invariant)
     elif check == "E2":
-        r = equivalence.check_e2(model, inputs, config_for(model, tokens, policy="halo"))
+        r = equivalence.check_e2(model, inputs, config_for(model, tokens, policy="halo"),
+                                 invariant=invariant)
     elif check == "E3":
         r = equivalence.check_e3(model, inputs, config_for(model, tokens))
     else:

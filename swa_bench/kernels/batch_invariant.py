@@ -1,4 +1,4 @@
-"""The batch-invariant mode of the checks on CPU: every op computes a row with the same code and
+"""The batch-invariant mode of the checks: every op computes a row with the same code and
 the same shapes whatever batch the row sits in, so a replay batch's kept rows and the same rows
 inside the full batch are equal bit for bit (issue 29; Thinking Machines' ``batch_invariant_ops``
 and vLLM's ``VLLM_BATCH_INVARIANT`` are the prior art, for one batch size against another).
@@ -19,18 +19,35 @@ What makes a row's bits depend on its batch on this CPU, measured on ``sparse-ti
 * **Threads split the work at batch-dependent points**: the mode runs on one thread.
 
 Reductions along a row (``sum``, ``mean``, ``softmax``, ``rms_norm`` over the last dim) already
-are invariant (checked in the tests). On CUDA the sources differ (cuBLAS split-K by row count,
-the attention kernels' blocking), and this mode is refused there until fixed-tile kernels exist.
+are invariant on CPU (checked in the tests).
+
+On CUDA the sources differ, and so does the mode (``TritonBatchInvariantOps``, a dispatch mode:
+it sees the GEMMs that ``F.linear``, ``einsum`` and ``matmul`` decompose to):
+
+* **cuBLAS picks its kernel and split-K by shape**: ``mm``, ``addmm``, ``bmm`` (and ``linear``
+  where it reaches the mode whole) run ``triton_invariant``'s fixed-tile GEMM, one program per
+  output tile, K in order, no split.
+* **torch's reductions split a row by the number of rows**: ``sum`` and ``mean`` over some dims
+  run its row reduction, one fixed order per row.
+* The rest is invariant by construction or measured so: the model's Triton kernels (attention,
+  indexer, mHC, MoE routing, latents) compute a row in one program in a fixed key order;
+  ``softmax`` and ``rms_norm`` reduce a row within one block; ``torch._grouped_mm`` (the routed
+  experts in bf16) was row-invariant at the shapes measured (issue 29); top-k ranks unique keys.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from swa_bench.kernels.config import next_pow2
+from swa_bench.kernels.launch import launch
 
 # Padded to a multiple of this many elements: every SIMD width and unroll torch's CPU kernels use
 # (AVX-512: 16 fp32 lanes, unrolled twice).
@@ -115,7 +132,7 @@ def _transcendental(name: str, x: torch.Tensor, *rest, **kwargs) -> torch.Tensor
 
 
 class BatchInvariantOps(TorchFunctionMode):
-    """The ops above replaced while the mode is on (see the module docstring)."""
+    """The CPU mode: the ops above replaced while it is on (see the module docstring)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -146,12 +163,173 @@ class BatchInvariantOps(TorchFunctionMode):
         return result
 
 
+# --- CUDA: fixed-tile Triton kernels in place of cuBLAS and torch's reductions ---------------
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per dtype: constants, never the batch's shape.
+GEMM_TILES = {torch.bfloat16: (128, 128, 64, 8, 3), torch.float16: (128, 128, 64, 8, 3),
+              torch.float32: (64, 64, 32, 4, 2)}
+REDUCE_ELEMENTS = 4096  # a row reduction's tile: BLOCK_R x BLOCK_C elements
+
+
+def _dot_precision(dtype: torch.dtype, interpret: bool) -> str:
+    if interpret:
+        return "interpret"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   alpha: float = 1.0, beta: float = 1.0, out: torch.Tensor | None = None,
+                   interpret: bool = False) -> torch.Tensor:
+    """``alpha * a @ b + beta * bias`` for ``a [M, K], b [K, N]`` or ``a [B, M, K], b [B, K, N]``
+    (any strides; ``bias`` broadcast to the output), in ``a``'s dtype, written into ``out`` when
+    given (any strides)."""
+    from swa_bench.kernels import triton_invariant
+
+    batched = a.dim() == 3
+    a3, b3 = (a, b) if batched else (a[None], b[None])
+    batch, m, k = a3.shape
+    n = b3.shape[2]
+    c = out if out is not None else a.new_empty((batch, m, n) if batched else (m, n))
+    c3 = c if batched else c[None]
+    if c3.numel() == 0:
+        return c
+    if k == 0:
+        c3.zero_()
+        if bias is not None:
+            c3.add_(bias, alpha=beta)
+        return c
+    bias3 = bias.expand(c3.shape) if bias is not None else c3
+    # The interpreter truncates fp32 to bf16: it writes fp32, rounded by torch as the GPU would.
+    dest = c3.float() if interpret and c3.dtype != torch.float32 else c3
+    block_m, block_n, block_k, warps, stages = GEMM_TILES[a.dtype]
+    launch(triton_invariant.invariant_gemm_kernel,
+           (-(-m // block_m), -(-n // block_n), batch),
+           a3, b3, dest, bias3, m, n, k, *a3.stride(), *b3.stride(), *dest.stride(),
+           *bias3.stride(), float(alpha), float(beta),
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+           PRECISION=_dot_precision(a.dtype, interpret), direct=not interpret,
+           num_warps=warps, num_stages=stages)
+    if dest is not c3:
+        c3.copy_(dest)
+    return c
+
+
+def invariant_reduce(x: torch.Tensor, dims: list[int], keepdim: bool = False,
+                     dtype: torch.dtype | None = None, *, mean: bool = False,
+                     interpret: bool = False) -> torch.Tensor:
+    """``x.sum(dims)`` (or ``mean``) with fp32 sums in one fixed order a row: the reduced dims
+    moved last (a copy where they are not), one row reduction over them."""
+    from swa_bench.kernels import triton_invariant
+
+    reduced = sorted({d % x.dim() for d in dims})
+    kept = [d for d in range(x.dim()) if d not in reduced]
+    rows = math.prod(x.shape[d] for d in kept)
+    cols = math.prod(x.shape[d] for d in reduced)
+    flat = x.permute(*kept, *reduced).contiguous().view(rows, cols)
+    out = x.new_empty(rows, dtype=dtype or x.dtype)
+    dest = out.float() if interpret else out  # as in invariant_gemm
+    block_c = max(16, min(next_pow2(cols), 1024))
+    block_r = max(1, REDUCE_ELEMENTS // block_c)
+    launch(triton_invariant.invariant_row_sum_kernel, (-(-rows // block_r),),
+           flat, dest, rows, cols, cols, float(cols if mean else 1),
+           BLOCK_R=block_r, BLOCK_C=block_c, direct=not interpret, num_warps=4, num_stages=1)
+    if dest is not out:
+        out.copy_(dest)
+    shape = [1 if d in reduced else x.shape[d] for d in range(x.dim())] if keepdim else \
+        [x.shape[d] for d in kept]
+    return out.view(shape)
+
+
+class TritonBatchInvariantOps(TorchDispatchMode):
+    """The CUDA mode (see the module docstring): the GEMMs and reductions whose bits depend on
+    the batch, on ``device_type``'s tensors of a floating dtype, run the invariant kernels;
+    everything else runs as it would. ``interpret``: Triton's interpreter (CPU tests)."""
+
+    def __init__(self, device_type: str = "cuda", interpret: bool = False) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.interpret = interpret
+        aten = torch.ops.aten
+        self._handlers = {
+            aten.mm.default: self._mm, aten.mm.out: self._mm,
+            aten.bmm.default: self._mm, aten.bmm.out: self._mm,
+            aten.addmm.default: self._addmm, aten.linear.default: self._linear,
+            aten.sum.dim_IntList: self._sum, aten.mean.dim: self._mean,
+        }
+
+    def _takes(self, *tensors: torch.Tensor | None) -> bool:
+        return all(t is None or (t.device.type == self.device_type and t.dtype in GEMM_TILES)
+                   for t in tensors)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = self._handlers.get(func)
+        if handler is not None:
+            result = handler(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+    def _mm(self, a, b, *, out=None):
+        if not self._takes(a, b, out) or a.dtype != b.dtype or (out is not None
+                                                               and out.dtype != a.dtype):
+            return NotImplemented
+        return invariant_gemm(a, b, out=out, interpret=self.interpret)
+
+    def _addmm(self, bias, a, b, *, beta=1, alpha=1):
+        if not self._takes(bias, a, b) or not a.dtype == b.dtype == bias.dtype:
+            return NotImplemented
+        return invariant_gemm(a, b, bias, alpha=alpha, beta=beta, interpret=self.interpret)
+
+    def _linear(self, x, weight, bias=None):
+        if not self._takes(x, weight, bias) or x.dtype != weight.dtype:
+            return NotImplemented
+        flat = x.reshape(-1, x.shape[-1])
+        y = invariant_gemm(flat, weight.t(), bias, interpret=self.interpret)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    def _sum(self, x, dim=None, keepdim=False, *, dtype=None):
+        return self._reduce(x, dim, keepdim, dtype, mean=False)
+
+    def _mean(self, x, dim=None, keepdim=False, *, dtype=None):
+        return self._reduce(x, dim, keepdim, dtype, mean=True)
+
+    def _reduce(self, x, dim, keepdim, dtype, mean):
+        """Reductions over some dims only (a whole-tensor reduction has no rows) of a non-empty
+        floating tensor into a floating dtype."""
+        dims = [dim] if isinstance(dim, int) else list(dim or [])
+        if (not self._takes(x) or not dims or len({d % x.dim() for d in dims}) == x.dim()
+                or x.numel() == 0 or (dtype is not None and dtype not in GEMM_TILES)):
+            return NotImplemented
+        return invariant_reduce(x, dims, keepdim, dtype, mean=mean, interpret=self.interpret)
+
+
+def _active(kind: type) -> bool:
+    """Whether a mode of ``kind`` is on already (the checks enter the mode around an engine's
+    construction and again around its step: once is enough)."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    stack = (_get_current_dispatch_mode_stack() if issubclass(kind, TorchDispatchMode)
+             else _get_current_function_mode_stack())
+    return any(isinstance(mode, kind) for mode in stack)
+
+
 @contextlib.contextmanager
 def batch_invariant_ops(device: torch.device | str = "cpu") -> Iterator[None]:
-    """The mode for a block of work on ``device`` (CPU only), on one thread; restored after."""
-    if torch.device(device).type != "cpu":
-        raise ValueError("checks.batch_invariant: the batch-invariant mode runs on CPU only "
-                         "(CUDA needs fixed-tile GEMM and attention kernels, not written yet)")
+    """The mode for a block of work on ``device``: on CPU the row-by-row ops on one thread, on
+    CUDA the fixed-tile Triton kernels; restored after. Re-entered, it is a no-op."""
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"checks.batch_invariant: no batch-invariant mode on {kind}")
+    mode = TritonBatchInvariantOps if kind == "cuda" else BatchInvariantOps
+    if _active(mode):
+        yield
+        return
+    if kind == "cuda":
+        with TritonBatchInvariantOps("cuda"):
+            yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -407,28 +407,32 @@ CHECK_MODES = {
 }
 
 
-def print_checks(console: Console, name: str, cases: Sequence[CaseResult],
-                 batch_invariant: bool = False) -> None:
+def check_modes(cases: Sequence[CaseResult]) -> list[str]:
+    """The lines naming the modes ``cases``' checks ran in (the default when there are none)."""
+    return [CHECK_MODES[mode] for mode in sorted({c.batch_invariant for c in cases} or {False})]
+
+
+def print_checks(console: Console, name: str, cases: Sequence[CaseResult]) -> None:
     print_fitted(console, lambda compact: check_table(name, cases, compact), cases)
     print_failures(console, cases)
-    say(console, CHECK_MODES[batch_invariant], wrap=False)
+    for line in check_modes(cases):
+        say(console, line, wrap=False)
     verdict = overall_verdict(cases)
     say(console, f"[{_VERDICT_STYLE[verdict]}]{escape(check_summary_line(cases))}[/]",
         wrap=False)
 
 
-def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]],
-                invariant: Sequence[bool] = ()) -> dict[str, Any]:
-    """``swa-bench check --json``: per scenario (name, file) its verdict, the mode its checks
-    ran in, tallies and cases."""
+def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]]) -> dict[str, Any]:
+    """``swa-bench check --json``: per scenario (name, file) its verdict, tallies and cases,
+    each case with the mode its checks ran in."""
     scenarios = []
-    for i, (name, file, cases) in enumerate(checked):
+    for name, file, cases in checked:
         scenarios.append({
             "name": name, "file": file, "verdict": overall_verdict(cases),
-            "batch_invariant": bool(invariant[i]) if i < len(invariant) else False,
             "counts": tally(cases),
             "cases": [{"case_id": c.case_id, "label": c.label, "params": c.params,
                        "status": c.status, "error": c.error,
+                       "batch_invariant": c.batch_invariant,
                        "checks": [{"id": k.id, "name": k.name, "mode": k.mode,
                                    "outcome": tables.check_outcome(k), "message": k.message}
                                   for k in c.checks]} for c in cases]})
@@ -438,9 +442,9 @@ def checks_json(checked: Sequence[tuple[str, str, Sequence[CaseResult]]],
 
 
 def report_checks(checked: Sequence[tuple[str, str, Sequence[CaseResult]]], *,
-                  as_json: bool, invariant: Sequence[bool] = ()) -> int:
+                  as_json: bool) -> int:
     """Prints the JSON document when asked; the exit code: 0 only when every scenario passed."""
-    document = checks_json(checked, invariant)
+    document = checks_json(checked)
     if as_json:
         print(json.dumps(document, indent=2, default=str))
     return 0 if document["verdict"] == "pass" else 1

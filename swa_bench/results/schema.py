@@ -188,6 +188,8 @@ class CaseResult(_Strict):
     # The numerics it ran in (model/precision.py); expert_precision only under fp8.
     precision: str = "bf16"
     expert_precision: str | None = None
+    # Whether its E1/E2 ran in the batch-invariant mode (full-batch halves bitwise).
+    batch_invariant: bool = False
     trim_threshold: int
     tokens: int
     num_requests: int

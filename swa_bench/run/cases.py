@@ -64,6 +64,7 @@ def case_skeleton(case: Case, status: CaseStatus, error: str | None = None) -> C
         status=status, error=error, graph_mode=sc.graph_mode, policy=sc.policy,
         precision=sc.precision,
         expert_precision=sc.expert_precision if sc.precision == "fp8" else None,
+        batch_invariant=sc.checks.batch_invariant,
         trim_threshold=case.trim_threshold(), tokens=case.num_tokens(),
         num_requests=case.num_requests(), batch="",
         kv_block_reuse=config.kv_block_reuse, lora=config.lora,

@@ -334,7 +334,8 @@ class Checks(_Strict):
     tasks: TasksCheck = Field(default_factory=TasksCheck)
     # E1 and E2 in the batch-invariant mode (kernels/batch_invariant.py): every forward computes
     # a row with the same bits in any batch, so their full-batch halves compare bitwise and a
-    # top-k selection that differs fails. CPU and the PyTorch kernels only; timing keeps the
+    # top-k selection that differs fails. CPU with the PyTorch kernels, or CUDA with the Triton
+    # kernels (cuBLAS and torch's reductions replaced by fixed-tile ones); timing keeps the
     # fast kernels.
     batch_invariant: bool = False
 
@@ -546,11 +547,16 @@ class Scenario(_Strict):
                 default_replay_capture_sizes(args, capture, self.replay_capture_sizes)
             except ValueError as e:  # sizes beyond what a step can hold
                 out.append((("replay_capture_sizes",), str(e)))
-        if self.checks.batch_invariant and (self.device_type() != "cpu"
-                                            or self.kernels.backend == "triton"):
-            out.append((("checks", "batch_invariant"),
-                        "runs on CPU with the PyTorch kernels only (CUDA needs fixed-tile GEMM "
-                        "and attention kernels, not written yet)"))
+        if self.checks.batch_invariant:
+            cpu = self.device_type() == "cpu"
+            if cpu and self.kernels.backend == "triton":
+                out.append((("checks", "batch_invariant"),
+                            "runs on CPU with the PyTorch kernels (kernels.backend torch or "
+                            "auto), not Triton's interpreter"))
+            elif not cpu and self.kernels.backend == "torch":
+                out.append((("checks", "batch_invariant"),
+                            "runs on CUDA with the Triton kernels (kernels.backend triton or "
+                            "auto), not the PyTorch path"))
         steps = self.checks.approximation.continuation_steps
         if steps is not None and steps < window:
             out.append((("checks", "approximation", "continuation_steps"),

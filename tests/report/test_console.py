@@ -261,15 +261,21 @@ def test_a_sweep_too_wide_for_80_columns_numbers_its_cases_instead_of_cutting_ce
 
 def test_check_names_the_mode_its_verdicts_were_reached_in():
     """`swa-bench check` prints, before its verdict, whether E1/E2's full-batch halves were
-    judged within the envelope or bitwise (the batch-invariant mode); --json carries it too."""
+    judged within the envelope or bitwise (the batch-invariant mode), from what each case
+    recorded; --json carries it per case."""
     import io
 
     from swa_bench.report.console import print_checks
+    from tests.report.synthetic import synthetic_run
 
+    cases = synthetic_run(error=False, failing=False).cases[:2]
     for invariant, words in ((False, "within the rounding envelope"), (True, "bitwise")):
+        for case in cases:
+            case.batch_invariant = invariant
         buffer = io.StringIO()
-        print_checks(Console(file=buffer, width=80, color_system=None), "s", [], invariant)
+        print_checks(Console(file=buffer, width=80, color_system=None), "s", cases)
         lines = buffer.getvalue().splitlines()
         assert any(line.startswith("checks mode:") and words in line for line in lines), lines
-    document = checks_json([("s", "s.yaml", []), ("t", "t.yaml", [])], [True, False])
-    assert [s["batch_invariant"] for s in document["scenarios"]] == [True, False]
+    cases[1].batch_invariant = False
+    document = checks_json([("s", "s.yaml", cases)])
+    assert [c["batch_invariant"] for c in document["scenarios"][0]["cases"]] == [True, False]
