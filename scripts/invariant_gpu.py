@@ -2,7 +2,7 @@
 with and without the mode, what the mode costs both paths, and E1/E2 bitwise against the full
 batch in it (scripts/checks_gpu.py's checks with INVARIANT=1).
 
-    python3 scripts/invariant_gpu.py [probe] [cost] [cost-64k] [checks-16k] [checks-64k]
+    python3 scripts/invariant_gpu.py [probe] [cost] [cost-64k] [checks-16k] [checks-64k] [e4]
 
 probe: every GEMM, reduction and norm one 16K reference step calls (one per distinct op and
 shape) re-run on its last M rows (M = 1, 8, 128, 896, 4099) against the same rows of the
@@ -10,7 +10,8 @@ whole call, without and with the mode; plus the routed experts' ``_grouped_mm`` 
 expert against 43. cost (cost-64k): both paths' eager step time at 16K (64K), the fast
 kernels and the mode.
 checks-16k / checks-64k: E1 (bounded, 16 decode steps) and E2 (halo) in the mode, and the
-kept-start fault (must fail). PRECISION=fp8: the release's numerics; GRAPH_MODE=piecewise: the
+kept-start fault (must fail). e4: E4 in the mode (bitwise; its prompt capped at 3W + 1).
+PRECISION=fp8: the release's numerics; GRAPH_MODE=piecewise: the
 checks on PIECEWISE engines (scripts/checks_gpu.py's configuration).
 """
 
@@ -216,6 +217,20 @@ def main() -> int:
                                        expect_pass=False, decode_steps=2)
             TABLE.extend(checks_gpu.ROWS)
             checks_gpu.ROWS.clear()
+        elif item == "e4":  # the stretch: prefill == token-by-token decode, bitwise
+            from swa_bench.checks.equivalence import check_e4
+            from swa_bench.checks.tolerance import Tolerance
+            from swa_bench.kernels.config import KernelSettings
+
+            inputs = StepInputs.seeded([RequestSpec(prompt_len=small)], model.args.vocab_size, 0)
+            r = check_e4(model, inputs, tol=Tolerance.for_dtype(torch.bfloat16),
+                         kernels=KernelSettings(), invariant=True)
+            line = (f"| E4 ({precision}, invariant) | {'PASS' if r.passed else 'FAIL'} | "
+                    f"{time.time() - t0:.0f}s | {r.message[:300]} |")
+            TABLE.append(line)
+            print(line, flush=True)
+            for d in r.diagnostics[:6]:
+                print(f"    {d.tensor}: {d.mismatched}/{d.total} max abs {d.max_abs:.3g}")
         print(f"[{item}: {time.time() - t0:.0f} s]", flush=True)
     print("\n| op | shapes | row-invariant (fast) | in the mode |\n| --- | --- | --- | --- |")
     print("\n".join(TABLE))

@@ -401,6 +401,10 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
              if getattr(baseline, name) != getattr(current, name)]
     if gates:
         warnings.append("engine gates differ (" + "; ".join(gates) + ")")
+    if baseline.batch_invariant != current.batch_invariant:  # verdicts of another strength
+        mode = {False: "envelope", True: "batch-invariant"}
+        warnings.append(f"checks mode differs (E1/E2 vs the full batch: "
+                        f"{mode[baseline.batch_invariant]} -> {mode[current.batch_invariant]})")
     if None not in (baseline.replay_route, current.replay_route) and (
             baseline.replay_route != current.replay_route):
         warnings.append(f"route differs ({baseline.replay_route} -> {current.replay_route})")

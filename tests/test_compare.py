@@ -399,6 +399,18 @@ def test_engine_gates_on_one_side_are_named():
     assert "engine gates differ (kv_block_reuse False -> True)" in row.reasons
 
 
+def test_checks_in_another_mode_are_named_not_gated():
+    """E1/E2 judged bitwise in one run and within the envelope in the other: the same timing,
+    verdicts of another strength, said beside the row."""
+    baseline = clean_run()
+    current = baseline.model_copy(deep=True)
+    current.cases[0].batch_invariant = True
+    comparison = compare_runs(baseline, current)
+    row = comparison.rows[0]
+    assert ("checks mode differs (E1/E2 vs the full batch: envelope -> batch-invariant)"
+            in row.reasons) and not comparison.failed
+
+
 def test_cases_in_another_precision_are_incomparable():
     """The same figures in bf16 and in fp8 are two computations: named, and the gate fails."""
     baseline = with_kernels(clean_run())

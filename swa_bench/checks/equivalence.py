@@ -491,7 +491,7 @@ def check_e3(
 
 
 def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
-             kernels: KernelSettings) -> CheckResult:
+             kernels: KernelSettings, invariant: bool = False) -> CheckResult:
     """The reference is right: a prefill == the same tokens decoded one by one; chunked prefill
     (chunks below, at and above W) == one prefill, all on ``kernels``. On the workload's longest
     prompt, capped.
@@ -500,10 +500,22 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
     one need not round alike), so each tensor is judged within ``tol`` widened to the envelope
     E1 and E2 use (``envelope_tolerance``: 256 epsilons of the tensor's RMS): on trained weights
     the logits' scale makes fp32's default atol (1e-5) a few epsilons of it (v41-mini: 30 of
-    12544 logits at 2.3e-5). A wrong mask or position moves whole rows by O(RMS)."""
+    12544 logits at 2.3e-5). A wrong mask or position moves whole rows by O(RMS). In the
+    batch-invariant mode (``invariant``) a row is the same function in any batch, and every
+    tensor is compared bitwise."""
+    if not invariant:
+        return _e4(model, workload, tol, kernels, invariant)
+    with check_mode(True, model.embed.weight.device):
+        return _e4(model, workload, tol, kernels, invariant)
+
+
+def _e4(model: Transformer, workload: StepInputs, tol: Tolerance, kernels: KernelSettings,
+        invariant: bool) -> CheckResult:
     w = model.args.window
     dtype = next(model.parameters()).dtype
 
+    def judged(t: torch.Tensor) -> Tolerance | None:  # None: bitwise
+        return None if invariant else _widened(tol, t, dtype)
 
     length = min(max(r.prompt_len for r in workload.requests), 3 * w + 1)
     seq = list(
@@ -520,9 +532,9 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
         req = RequestSpec(prompt_len=pos, decode=True) if pos else RequestSpec(prompt_len=1)
         rows.append(decode.reference_step([req], [[seq[pos]]], [0]).logits)
     decoded = torch.cat(rows)
-    diags = [compare("prefill_vs_decode.logits", prefill.logits, decoded,
-                     _widened(tol, decoded, dtype))]
-    diags += _caches("prefill_vs_decode.cache.", whole, decode, tol, dtype)
+    cache_tol, envelope = (None, None) if invariant else (tol, dtype)
+    diags = [compare("prefill_vs_decode.logits", prefill.logits, decoded, judged(decoded))]
+    diags += _caches("prefill_vs_decode.cache.", whole, decode, cache_tol, envelope)
     for chunk in sorted({max(1, w - 1), w, w + 1}):
         chunked = Engine(model, reference)
         rows = []
@@ -534,14 +546,15 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
                 chunked.reference_step([req], [seq[start : start + req.query_len]], [0]).logits
             )
         diags.append(compare(f"chunk{chunk}.logits", torch.cat(rows), prefill.logits,
-                             _widened(tol, prefill.logits, dtype)))
-        diags += _caches(f"chunk{chunk}.cache.", chunked, whole, tol, dtype)
+                             judged(prefill.logits)))
+        diags += _caches(f"chunk{chunk}.cache.", chunked, whole, cache_tol, envelope)
+    note = f"prompt of {length}" + (", bitwise (batch-invariant mode)" if invariant else "")
     return check_result(
         "E4",
         "reference == token-by-token decode, chunked == one prefill",
         diags,
-        tol,
-        f"prompt of {length}",
+        None if invariant else tol,
+        note,
     )
 
 

@@ -1,10 +1,11 @@
-"""The batch-invariant mode of the checks: every op computes a row with the same code and
-the same shapes whatever batch the row sits in, so a replay batch's kept rows and the same rows
-inside the full batch are equal bit for bit (issue 29; Thinking Machines' ``batch_invariant_ops``
-and vLLM's ``VLLM_BATCH_INVARIANT`` are the prior art, for one batch size against another).
+"""The batch-invariant mode of the checks: every op computes a row in the same order whatever
+batch the row sits in, so a replay batch's kept rows and the same rows inside the full batch are
+equal bit for bit (issue 29; Thinking Machines' ``batch_invariant_ops`` and vLLM's
+``VLLM_BATCH_INVARIANT`` are the prior art, for one batch size against another). A PASS in the
+mode needs no trust in it: the checks compare bitwise, so an op it missed is a FAIL.
 
-What makes a row's bits depend on its batch on this CPU, measured on ``sparse-tiny`` in fp32
-(the bounded and halo E1 truth envelopes were 1.4e-6 to 2.4e-6 without this mode, 0 with it):
+What makes a row's bits depend on its batch on CPU, measured on ``sparse-tiny`` in fp32 (the
+bounded and halo E1 truth envelopes were 1.4e-6 to 2.4e-6 without this mode, 0 with it):
 
 * **GEMMs take another kernel by row count**: a GEMM of fewer than 8 rows takes another path,
   and inside a larger GEMM a row's result depends on where it falls in the micro-kernel's tile
@@ -22,13 +23,16 @@ Reductions along a row (``sum``, ``mean``, ``softmax``, ``rms_norm`` over the la
 are invariant on CPU (checked in the tests).
 
 On CUDA the sources differ, and so does the mode (``TritonBatchInvariantOps``, a dispatch mode:
-it sees the GEMMs that ``F.linear``, ``einsum`` and ``matmul`` decompose to):
+it sees the GEMMs that ``F.linear``, ``einsum`` and ``matmul`` decompose to). Measured on the
+H200 (``scripts/invariant_gpu.py probe``, v41-flash, a 16K step's calls against their last 1, 8,
+128, 896 and 4099 rows):
 
-* **cuBLAS picks its kernel and split-K by shape**: ``mm``, ``addmm``, ``bmm`` (and ``linear``
-  where it reaches the mode whole) run ``triton_invariant``'s fixed-tile GEMM, one program per
-  output tile, K in order, no split.
-* **torch's reductions split a row by the number of rows**: ``sum`` and ``mean`` over some dims
-  run its row reduction, one fixed order per row.
+* **cuBLAS picks its kernel and split-K by shape**: 7 of the step's 14 GEMM shapes gave other
+  bits for some of those row counts. ``mm``, ``addmm``, ``bmm`` (and ``linear`` where it reaches
+  the mode whole) run ``triton_invariant``'s fixed-tile GEMM: one program per output tile, K in
+  order, no split.
+* **torch's reductions split a row by the number of rows**: a row sum over 5120 differed at 1
+  and 8 rows. ``sum`` and ``mean`` over some dims run its row reduction, one order per row.
 * The rest is invariant by construction or measured so: the model's Triton kernels (attention,
   indexer, mHC, MoE routing, latents) compute a row in one program in a fixed key order;
   ``softmax`` and ``rms_norm`` reduce a row within one block; ``torch._grouped_mm`` (the routed
@@ -169,6 +173,7 @@ class BatchInvariantOps(TorchFunctionMode):
 GEMM_TILES = {torch.bfloat16: (128, 128, 64, 8, 3), torch.float16: (128, 128, 64, 8, 3),
               torch.float32: (64, 64, 32, 4, 2)}
 REDUCE_ELEMENTS = 4096  # a row reduction's tile: BLOCK_R x BLOCK_C elements
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: the GEMM's batch entries
 
 
 def _dot_precision(dtype: torch.dtype, interpret: bool) -> str:
@@ -202,13 +207,15 @@ def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
     # The interpreter truncates fp32 to bf16: it writes fp32, rounded by torch as the GPU would.
     dest = c3.float() if interpret and c3.dtype != torch.float32 else c3
     block_m, block_n, block_k, warps, stages = GEMM_TILES[a.dtype]
-    launch(triton_invariant.invariant_gemm_kernel,
-           (-(-m // block_m), -(-n // block_n), batch),
-           a3, b3, dest, bias3, m, n, k, *a3.stride(), *b3.stride(), *dest.stride(),
-           *bias3.stride(), float(alpha), float(beta),
-           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-           PRECISION=_dot_precision(a.dtype, interpret), direct=not interpret,
-           num_warps=warps, num_stages=stages)
+    for g in range(0, batch, MAX_GRID_Z):  # batch entries are independent programs
+        part = slice(g, g + MAX_GRID_Z)
+        launch(triton_invariant.invariant_gemm_kernel,
+               (-(-m // block_m), -(-n // block_n), min(MAX_GRID_Z, batch - g)),
+               a3[part], b3[part], dest[part], bias3[part], m, n, k, *a3.stride(),
+               *b3.stride(), *dest.stride(), *bias3.stride(), float(alpha), float(beta),
+               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
+               PRECISION=_dot_precision(a.dtype, interpret), direct=not interpret,
+               num_warps=warps, num_stages=stages)
     if dest is not c3:
         c3.copy_(dest)
     return c

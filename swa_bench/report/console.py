@@ -403,7 +403,7 @@ def check_summary_line(cases: Sequence[CaseResult]) -> str:
 
 CHECK_MODES = {
     False: "checks mode: default (E1/E2 vs the full batch within the rounding envelope)",
-    True: "checks mode: batch-invariant (E1/E2 vs the full batch bitwise)",
+    True: "checks mode: batch-invariant (E1/E2 vs the full batch, and E4, bitwise)",
 }
 
 

@@ -237,10 +237,11 @@ class CaseRunner:
             yield equivalence.check_e3(model, inputs, config, engines=engines)
         if cfg.e4.enabled:
             tol = Tolerance.for_dtype(DTYPES[sc.dtype], cfg.e4.rtol, cfg.e4.atol)
-            yield self.shared("E4", (model, tol, config.kernels,
+            yield self.shared("E4", (model, tol, config.kernels, cfg.batch_invariant,
                                      max(r.prompt_len for r in inputs.requests)),
                               lambda: equivalence.check_e4(model, inputs, tol=tol,
-                                                           kernels=config.kernels))
+                                                           kernels=config.kernels,
+                                                           invariant=cfg.batch_invariant))
         if cfg.e5.enabled:
             yield equivalence.check_e5(model, inputs, config, engines=engines)
 

@@ -140,3 +140,14 @@ def test_the_mode_entered_twice_is_on_once():
         on = [m for m in _get_current_function_mode_stack() if isinstance(m, BatchInvariantOps)]
         assert len(on) == 1 and torch.get_num_threads() == 1
     assert not [m for m in _get_current_function_mode_stack() if isinstance(m, BatchInvariantOps)]
+
+
+def test_a_batch_beyond_the_grids_limit_runs_in_parts(monkeypatch):
+    import swa_bench.kernels.batch_invariant as mode
+
+    a, b = rand(5, 9, 16), rand(5, 16, 7, seed=1)
+    whole = invariant_gemm(a, b, interpret=INTERPRET)
+    monkeypatch.setattr(mode, "MAX_GRID_Z", 2)
+    assert torch.equal(invariant_gemm(a, b, interpret=INTERPRET), whole)
+    exact = a.double() @ b.double()
+    assert ((whole.double() - exact).abs() <= rounding(exact, torch.bfloat16, 16)).all()

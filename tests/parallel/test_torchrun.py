@@ -174,9 +174,21 @@ def test_a_killed_sweep_resumes_with_nothing_lost(tmp_path, scenario):
         launcher.kill()
     kept = _cases(out)
     assert 2 <= len(kept) < 5, "killed mid-way"
-    time.sleep(5)
-    alive = [r for r in ranks if _ranks(r) or Path(f"/proc/{r}").exists()
-             and Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+
+    def living() -> list[int]:
+        found = []
+        for r in ranks:
+            try:
+                state = Path(f"/proc/{r}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:  # gone
+                state = "Z" if not _ranks(r) else "?"
+            if state != "Z" or _ranks(r):
+                found.append(r)
+        return found
+
+    gone_by = time.monotonic() + 5
+    while (alive := living()) and time.monotonic() < gone_by:
+        time.sleep(0.1)
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert ranks and not alive, f"ranks {alive} outlived the killed launcher"
