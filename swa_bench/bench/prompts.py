@@ -8,6 +8,10 @@ at the end, or ``cpu_clock`` on a CPU) and repeated ``warmup + iters`` times; a 
 are its times over the timed repetitions. On a CPU the two paths alternate per repetition (A B,
 then B A), as ``time_interleaved`` does for single steps. TTFT is per repetition the sum of its
 steps' samples plus its first decode's, so the recorded figures add up exactly.
+
+Peak memory is each path's over one whole untimed repetition (every chunk and the first decode,
+above the level at its start): the first warm-up, or with no warm-up one more repetition after
+the timed ones, so neither a sample nor a warm cache is changed by the measurement.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from swa_bench.bench.flops import measure_peak_memory
 from swa_bench.bench.measure import TimingSettings
 from swa_bench.bench.timing import RegionTimer, num_threads, summarize
 from swa_bench.engine.chunked_prompt import ChunkedPrompt
@@ -27,13 +32,15 @@ PATHS = ("reference", "replay")
 
 @dataclass
 class PromptTiming:
-    """Each path's samples per step (``steps[path][i]``), of the first decode and of TTFT, and
-    the replay path's plan of every step (from the timed steps, not planned again)."""
+    """Each path's samples per step (``steps[path][i]``), of the first decode and of TTFT, the
+    replay path's plan of every step (from the timed steps, not planned again) and each path's
+    peak memory over a whole prompt."""
 
     steps: dict[str, list[list[float]]]
     first_decode: dict[str, list[float]]
     ttft: dict[str, list[float]]
     plans: list[StepPlan]
+    peak_memory_bytes: dict[str, int]
 
 
 def _last_token(out: StepOutput) -> int:
@@ -71,14 +78,27 @@ def time_prompt(reference: Engine, replay: Engine, prompt: ChunkedPrompt,
         engine.capture()
     timers = {name: RegionTimer(engine.device) for name, engine in engines.items()}
     plans: list[StepPlan] = []
+    peaks: dict[str, int] = {}
+
+    def repetition(name: str, timer: RegionTimer | None) -> None:
+        outs = run_prompt(engines[name], prompt, timer)
+        if name == "replay" and not plans:
+            plans.extend(out.plan for out in outs[:-1])
+
+    def measured(name: str) -> None:
+        peaks[name] = measure_peak_memory(lambda: repetition(name, None), engines[name].device)
+
     with num_threads(settings.threads):
         for rep in range(settings.warmup + settings.iters):
             order = PATHS if rep % 2 == 0 else PATHS[::-1]
             for name in order:
-                timer = timers[name] if rep >= settings.warmup else None
-                outs = run_prompt(engines[name], prompt, timer)
-                if name == "replay" and not plans:
-                    plans = [out.plan for out in outs[:-1]]
+                if rep == 0 and settings.warmup:
+                    measured(name)
+                else:
+                    repetition(name, timers[name] if rep >= settings.warmup else None)
+        if not settings.warmup:
+            for name in PATHS:
+                measured(name)
     steps, first, ttft = {}, {}, {}
     for name, timer in timers.items():
         samples = timer.samples()
@@ -87,7 +107,7 @@ def time_prompt(reference: Engine, replay: Engine, prompt: ChunkedPrompt,
         ttft[name] = [sum(column) + decode
                       for column, decode in zip(zip(*steps[name], strict=True), first[name],
                                                 strict=True)]
-    return PromptTiming(steps, first, ttft, plans)
+    return PromptTiming(steps, first, ttft, plans, peaks)
 
 
 def _pair(samples: dict[str, list[float]]) -> CaseTiming:
@@ -113,6 +133,7 @@ def prompt_result(prompt: ChunkedPrompt, timing: PromptTiming | None) -> PromptR
     result = PromptResult(length=prompt.length, chunk_size=prompt.chunk_size,
                           decodes_beside=prompt.decodes_beside, steps=steps)
     if timing is not None:
+        result.peak_memory_bytes = dict(timing.peak_memory_bytes)
         result.first_decode, result.ttft = _pair(timing.first_decode), _pair(timing.ttft)
         medians: dict[str, TimingStats] = {"reference": result.ttft.reference,
                                            "replay": result.ttft.replay}

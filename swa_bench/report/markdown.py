@@ -76,15 +76,18 @@ def render_markdown(results: RunResults) -> str:
     if ttft:
         out += ["## Time to first token (whole prompts in chunks)", "",
                 md_table(["case", "prompt/chunk", "policy", "steps", "TTFT ref ms",
-                          "TTFT replay ms", "speedup", "tok/s ref / replay", "logits max abs",
-                          "KL(full ‖ replay)", "top-1", "greedy agreement"],
+                          "TTFT replay ms", "speedup", "tok/s ref / replay",
+                          "peak MiB ref / replay", "logits max abs", "KL(full ‖ replay)",
+                          "top-1", "greedy agreement"],
                          [(r.case, r.prompt, r.policy, r.steps, r.reference_ms, r.replay_ms,
-                           r.speedup, r.tokens_per_s, r.logits_max_abs, r.kl, r.top1, r.greedy)
-                          for r in ttft]),
+                           r.speedup, r.tokens_per_s, r.peak_mib, r.logits_max_abs, r.kl, r.top1,
+                           r.greedy) for r in ttft]),
                 "", "TTFT: the sum of the prompt's chunk steps and its first decode, median over "
                 "repetitions of the whole prompt (+Nd: N decode rows beside each chunk); tok/s: "
-                "the prompt's length over the median TTFT; the approximation is the prompt's "
-                "after its last chunk against the full prefill run in the same chunks.", "",
+                "the prompt's length over the median TTFT; peak MiB: each path's peak allocation "
+                "over one whole untimed repetition of the prompt, above its level at the start; "
+                "the approximation is the prompt's after its last chunk against the full prefill "
+                "run in the same chunks.", "",
                 "### Prompt steps", "",
                 md_table(["case", "prompt/chunk", "step", "positions", "rows", "kept rows",
                           "reference ms", "replay ms", "replay route"],

@@ -52,6 +52,14 @@ def fmt_share(value: float | None) -> str:
     return MISSING if value is None else f"{100 * value:.1f}%"
 
 
+def fmt_mib_pair(peaks: dict[str, int]) -> str:
+    """Both paths' peak memory, ``"reference / replay"`` in MiB (missing where either is)."""
+    pair = [peaks.get(name) for name in ("reference", "replay")]
+    if None in pair:
+        return MISSING
+    return " / ".join(fmt_number(b / 2**20) for b in pair)
+
+
 NOT_APPLICABLE = "n/a"
 MAX_EFFICIENCY = 1.05  # speedup over the FLOP ideal beyond which a figure is not believed
 
@@ -308,6 +316,7 @@ class TtftRow:
     replay_ms: str
     speedup: str
     tokens_per_s: str  # reference / replay
+    peak_mib: str  # reference / replay, over a whole prompt
     logits_max_abs: str
     kl: str
     top1: str
@@ -334,6 +343,7 @@ def ttft_rows(results: RunResults) -> list[TtftRow]:
             replay_ms=fmt_ms(ttft.replay if ttft else None), speedup=fmt_ratio(p.speedup),
             tokens_per_s=(" / ".join(f"{r:.4g}" for r in rates) if None not in rates
                           else MISSING),
+            peak_mib=fmt_mib_pair(p.peak_memory_bytes),
             logits_max_abs=fmt_number(approx.logits_max_abs if approx else None),
             kl=fmt_number(approx.kl if approx else None),
             top1=fmt_share(approx.top1_agreement if approx else None),

@@ -99,8 +99,9 @@ class PromptStep(_Strict):
 class PromptResult(_Strict):
     """A whole prompt prefilled in chunks (``workload.prompts``). ``ttft``: per repetition the
     sum of its chunk steps and the first decode (the samples add up sample by sample);
-    ``tokens_per_s``: the prompt's length over the median TTFT; ``approximation``: the replay
-    after the last chunk against the full prefill run in the same chunks."""
+    ``tokens_per_s``: the prompt's length over the median TTFT; ``peak_memory_bytes``: each
+    path's peak over one whole prompt (its chunks and first decode); ``approximation``: the
+    replay after the last chunk against the full prefill run in the same chunks."""
 
     length: int
     chunk_size: int
@@ -109,6 +110,7 @@ class PromptResult(_Strict):
     first_decode: CaseTiming | None = None
     ttft: CaseTiming | None = None
     tokens_per_s: dict[str, float] = {}
+    peak_memory_bytes: dict[str, int] = {}
     speedup: float | None = None  # TTFT reference / replay, medians
     approximation: Approximation | None = None
 

@@ -358,6 +358,8 @@ class CaseRunner:
             record = prompt_result(prompt, timed)
             record.approximation = approximation
             result.prompts.append(record)
+            for name, peak in record.peak_memory_bytes.items():  # the case's: its largest prompt
+                result.peak_memory_bytes[name] = max(peak, result.peak_memory_bytes.get(name, 0))
         if sc.checks.tasks.enabled:
             run, agreement = self.tasks(case, model)
             result.tasks = run.results

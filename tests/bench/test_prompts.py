@@ -47,6 +47,31 @@ def test_ttft_is_the_recorded_steps_plus_the_first_decode(timed):
                                            / result.ttft.replay.median_ms)
 
 
+def test_each_paths_peak_memory_is_over_a_whole_prompt(timed, tiny_model):
+    """Recorded for both paths, at least a single chunk step's own peak (the whole prompt holds
+    its chunks' activations one after another), and the bounded replay's no larger than the
+    reference's (its decoder layers run on W + 1 rows of 25); a warm-up run measures it when
+    there is one."""
+    from swa_bench.bench.flops import measure_peak_memory
+
+    prompt, timing, result = timed
+    peaks = result.peak_memory_bytes
+    assert set(peaks) == {"reference", "replay"} and peaks == timing.peak_memory_bytes
+    args = tiny_model.args
+    engine = Engine(tiny_model, EngineConfig.for_model(args, policy="full"))
+    prompt.fill_context(engine)
+    first = prompt.step(0)
+    one_step = measure_peak_memory(
+        lambda: engine.step(first.requests, first.step_tokens, first.cache_indices), "cpu")
+    assert peaks["reference"] >= one_step > 0
+    assert 0 < peaks["replay"] <= peaks["reference"]
+    reference = Engine(tiny_model, EngineConfig.for_model(args, policy="full"))
+    replay = Engine(tiny_model, EngineConfig.for_model(args, policy="bounded"))
+    warmed = time_prompt(reference, replay, prompt, TimingSettings(
+        warmup=1, iters=1, l2_flush=False, threads=1, breakdown=False))
+    assert warmed.peak_memory_bytes == timing.peak_memory_bytes  # the same allocations
+
+
 def test_kept_rows_per_step_are_the_policys(timed, tiny_args):
     _, _, result = timed
     w = tiny_args.window
