@@ -9,9 +9,9 @@ are its times over the timed repetitions. On a CPU the two paths alternate per r
 then B A), as ``time_interleaved`` does for single steps. TTFT is per repetition the sum of its
 steps' samples plus its first decode's, so the recorded figures add up exactly.
 
-Peak memory is each path's over one whole untimed repetition (every chunk and the first decode,
-above the level at its start): the first warm-up, or with no warm-up one more repetition after
-the timed ones, so neither a sample nor a warm cache is changed by the measurement.
+Peak memory is each path's over one untimed repetition's chunks and first decode (above the level
+they start from; the decode rows' contexts are filled before it): the first warm-up, or with no
+warm-up one more repetition after the timed ones, so no sample is changed by the measurement.
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def run_prompt(engine: Engine, prompt: ChunkedPrompt, timer: RegionTimer | None 
     """One repetition: the decode rows' contexts (untimed), each chunk as region ``step<i>``,
     then the first decode as region ``decode``. Returns every step's output, the decode last."""
     prompt.fill_context(engine)
+    return prompt_steps(engine, prompt, timer)
+
+
+def prompt_steps(engine: Engine, prompt: ChunkedPrompt, timer: RegionTimer | None = None
+                 ) -> list[StepOutput]:
+    """The prompt's chunks and its first decode on ``engine``'s caches as they are (after
+    ``prompt.fill_context``)."""
     outs = []
     for i, inputs in enumerate(prompt.steps()):
         with _region(timer, f"step{i}"):
@@ -80,13 +87,20 @@ def time_prompt(reference: Engine, replay: Engine, prompt: ChunkedPrompt,
     plans: list[StepPlan] = []
     peaks: dict[str, int] = {}
 
-    def repetition(name: str, timer: RegionTimer | None) -> None:
-        outs = run_prompt(engines[name], prompt, timer)
+    def keep_plans(name: str, outs: list[StepOutput]) -> None:
         if name == "replay" and not plans:
             plans.extend(out.plan for out in outs[:-1])
 
+    def repetition(name: str, timer: RegionTimer | None) -> None:
+        keep_plans(name, run_prompt(engines[name], prompt, timer))
+
     def measured(name: str) -> None:
-        peaks[name] = measure_peak_memory(lambda: repetition(name, None), engines[name].device)
+        """An untimed repetition whose chunks and first decode are measured (the decode rows'
+        contexts, filled first, are set-up: a prefill of their own, often the largest)."""
+        engine = engines[name]
+        prompt.fill_context(engine)
+        peaks[name] = measure_peak_memory(
+            lambda: keep_plans(name, prompt_steps(engine, prompt)), engine.device)
 
     with num_threads(settings.threads):
         for rep in range(settings.warmup + settings.iters):

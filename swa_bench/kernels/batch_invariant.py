@@ -174,6 +174,7 @@ GEMM_TILES = {torch.bfloat16: (128, 128, 64, 8, 3), torch.float16: (128, 128, 64
               torch.float32: (64, 64, 32, 4, 2)}
 REDUCE_ELEMENTS = 4096  # a row reduction's tile: BLOCK_R x BLOCK_C elements
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: the GEMM's batch entries
+INT32_OFFSETS = 1 << 31  # the kernel's K offsets (``k0 * stride``) are 32-bit
 
 
 def _dot_precision(dtype: torch.dtype, interpret: bool) -> str:
@@ -198,11 +199,19 @@ def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
     c3 = c if batched else c[None]
     if c3.numel() == 0:
         return c
+    if bias is not None and beta == 0:  # as torch: a bias times 0 is not read (NaN stays out)
+        bias = None
     if k == 0:
         c3.zero_()
         if bias is not None:
             c3.add_(bias, alpha=beta)
         return c
+    # The kernel steps along K by ``k0 * stride`` in 32 bits: an operand whose K offsets pass
+    # 2^31 elements is copied K-contiguous first (same values, same order of sums).
+    if (k - 1) * abs(a3.stride(2)) >= INT32_OFFSETS:
+        a3 = a3.contiguous()
+    if (k - 1) * abs(b3.stride(1)) >= INT32_OFFSETS:
+        b3 = b3.transpose(1, 2).contiguous().transpose(1, 2)
     bias3 = bias.expand(c3.shape) if bias is not None else c3
     # The interpreter truncates fp32 to bf16: it writes fp32, rounded by torch as the GPU would.
     dest = c3.float() if interpret and c3.dtype != torch.float32 else c3
@@ -278,9 +287,14 @@ class TritonBatchInvariantOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _mm(self, a, b, *, out=None):
-        if not self._takes(a, b, out) or a.dtype != b.dtype or (out is not None
-                                                               and out.dtype != a.dtype):
+        if not self._takes(a, b, out) or a.dtype != b.dtype or a.dim() != b.dim():
             return NotImplemented
+        if out is not None:  # torch resizes or refuses a misshapen or overlapping ``out``
+            shape = (*a.shape[:-1], b.shape[-1])
+            storages = {t.untyped_storage().data_ptr() for t in (a, b)}
+            if (out.dtype != a.dtype or tuple(out.shape) != shape
+                    or out.untyped_storage().data_ptr() in storages):
+                return NotImplemented
         return invariant_gemm(a, b, out=out, interpret=self.interpret)
 
     def _addmm(self, bias, a, b, *, beta=1, alpha=1):
@@ -305,8 +319,12 @@ class TritonBatchInvariantOps(TorchDispatchMode):
         """Reductions over some dims only (a whole-tensor reduction has no rows) of a non-empty
         floating tensor into a floating dtype."""
         dims = [dim] if isinstance(dim, int) else list(dim or [])
-        if (not self._takes(x) or not dims or len({d % x.dim() for d in dims}) == x.dim()
-                or x.numel() == 0 or (dtype is not None and dtype not in GEMM_TILES)):
+        if (not self._takes(x) or not dims or x.dim() == 0 or x.numel() == 0
+                or (dtype is not None and dtype not in GEMM_TILES)):
+            return NotImplemented
+        if (any(not -x.dim() <= d < x.dim() for d in dims)  # torch's error, not a guess
+                or len({d % x.dim() for d in dims}) != len(dims)
+                or len(dims) == x.dim()):  # a whole-tensor reduction has no rows
             return NotImplemented
         return invariant_reduce(x, dims, keepdim, dtype, mean=mean, interpret=self.interpret)
 

@@ -65,20 +65,87 @@ def test_the_reduction_sums_in_fp32(shape, dims, keepdim, mean):
     assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-5)
 
 
-def test_the_mode_routes_gemms_and_reductions_and_leaves_the_rest():
+@pytest.fixture
+def spied(monkeypatch):
+    """The ops each call of the invariant kernels came from (a handler that silently fell back
+    to torch would leave no entry: on CPU torch's bits can equal the kernel's)."""
+    import swa_bench.kernels.batch_invariant as mode
+
+    seen: list[str] = []
+    for name in ("invariant_gemm", "invariant_reduce"):
+        real = getattr(mode, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mode, name, spy)
+    return seen
+
+
+def test_the_mode_routes_gemms_and_reductions_and_leaves_the_rest(spied):
     x, w = rand(37, 48), rand(24, 48, seed=1)
-    ids = torch.arange(12).view(3, 4)
+    bias, ids = rand(24, seed=2), torch.arange(12).view(3, 4)
+    expected = {
+        "linear": lambda: F.linear(x, w),
+        "linear with a bias (addmm)": lambda: F.linear(x, w, bias),
+        "einsum (bmm)": lambda: torch.einsum("chd,nd->chn", x.view(37, 4, 12), w[:, :12]),
+        "mm(out=)": lambda: torch.mm(x, w.t(), out=torch.empty(37, 24, dtype=x.dtype)),
+        "bmm(out=) into a view": lambda: torch.bmm(
+            x.view(37, 4, 12).transpose(0, 1), w[:, :12].t().expand(4, 12, 24),
+            out=torch.empty(37, 4, 24, dtype=x.dtype).transpose(0, 1)),
+        "mean": lambda: x.float().mean(-1),
+        "sum over two dims, keepdim": lambda: x.view(37, 4, 12).sum([0, 2], keepdim=True),
+    }
+    left = {
+        "whole-tensor sum": lambda: x.float().sum(),
+        "integer sum": lambda: ids.sum(-1),
+        "misshapen out": lambda: torch.mm(x, w.t(), out=torch.empty(0, dtype=x.dtype)),
+    }
     with TritonBatchInvariantOps("cpu", interpret=INTERPRET):
-        linear = F.linear(x, w)
-        einsum = torch.einsum("chd,nd->chn", x.view(37, 4, 12), w[:, :12])
-        mean = x.float().mean(-1)
-        whole = x.float().sum()  # no rows: torch's
-        int_sum = ids.sum(-1)  # exact: torch's
-    assert torch.equal(linear, invariant_gemm(x, w.t(), interpret=INTERPRET))
-    assert torch.equal(einsum.view(37 * 4, 24),
-                       invariant_gemm(x.view(37 * 4, 12), w[:, :12].t(), interpret=INTERPRET))
-    assert torch.equal(mean, invariant_reduce(x.float(), [-1], mean=True, interpret=INTERPRET))
-    assert torch.equal(whole, x.float().sum()) and torch.equal(int_sum, ids.sum(-1))
+        for name, op in expected.items():
+            spied.clear()
+            got = op()
+            assert spied, f"{name} did not reach the invariant kernels"
+            expected[name] = got
+        for name, op in left.items():
+            spied.clear()
+            left[name] = op()
+            assert not spied, f"{name} should be torch's"
+    assert torch.equal(expected["linear"], invariant_gemm(x, w.t(), interpret=INTERPRET))
+    exact = x.double() @ w.double().t() + bias.double()
+    assert ((expected["linear with a bias (addmm)"].double() - exact).abs()
+            <= rounding(exact, torch.bfloat16, 48)).all()
+    assert torch.equal(expected["mm(out=)"], expected["linear"])
+    assert torch.equal(expected["bmm(out=) into a view"].transpose(0, 1),
+                       expected["einsum (bmm)"])
+    assert torch.equal(left["whole-tensor sum"], x.float().sum())
+    assert torch.equal(left["integer sum"], ids.sum(-1))
+    assert left["misshapen out"].shape == (37, 24)  # torch resized it
+
+
+def test_addmm_beta_and_alpha_as_torch_reads_them():
+    a, b = rand(9, 16), rand(16, 5, seed=1)
+    nan_bias = torch.full((9, 5), float("nan"), dtype=torch.bfloat16)
+    bias = rand(9, 1, seed=2)  # broadcast along N
+    with TritonBatchInvariantOps("cpu", interpret=INTERPRET):
+        ignored = torch.addmm(nan_bias, a, b, beta=0)  # torch does not read a bias times 0
+        scaled = torch.addmm(bias, a, b, beta=0.5, alpha=2.0)
+    assert torch.isfinite(ignored).all()
+    exact = 2.0 * (a.double() @ b.double()) + 0.5 * bias.double()
+    assert ((scaled.double() - exact).abs() <= rounding(exact, torch.bfloat16, 16)).all()
+
+
+@pytest.mark.parametrize(("shape", "dim", "error"), [((3, 4), 2, IndexError),
+                                                     ((3, 4), [1, -1], RuntimeError)])
+def test_a_bad_reduction_dim_gets_torchs_error(shape, dim, error):
+    with TritonBatchInvariantOps("cpu", interpret=INTERPRET), pytest.raises(error):
+        torch.ones(shape).sum(dim)
+
+
+def test_a_scalars_reduction_is_torchs():
+    with TritonBatchInvariantOps("cpu", interpret=INTERPRET):
+        assert torch.tensor(1.5).sum(0).item() == 1.5
 
 
 def test_a_rows_bits_do_not_depend_on_the_batch_in_the_mode():
@@ -151,3 +218,14 @@ def test_a_batch_beyond_the_grids_limit_runs_in_parts(monkeypatch):
     assert torch.equal(invariant_gemm(a, b, interpret=INTERPRET), whole)
     exact = a.double() @ b.double()
     assert ((whole.double() - exact).abs() <= rounding(exact, torch.bfloat16, 16)).all()
+
+
+def test_operands_whose_k_offsets_pass_32_bits_are_copied_k_contiguous(monkeypatch):
+    """The kernel's K offsets are 32-bit: a row-major ``b [K, N]`` (K offsets up to K x N) is
+    copied K-contiguous past the limit (lowered here to 64 elements), with the same bits."""
+    import swa_bench.kernels.batch_invariant as mode
+
+    a, b = rand(9, 40).t().contiguous().t(), rand(40, 12, seed=1)  # K-strided a, row-major b
+    whole = invariant_gemm(a, b, interpret=INTERPRET)
+    monkeypatch.setattr(mode, "INT32_OFFSETS", 64)
+    assert torch.equal(invariant_gemm(a, b, interpret=INTERPRET), whole)
