@@ -303,7 +303,7 @@ class TritonBatchInvariantOps(TorchDispatchMode):
         return invariant_gemm(a, b, bias, alpha=alpha, beta=beta, interpret=self.interpret)
 
     def _linear(self, x, weight, bias=None):
-        if not self._takes(x, weight, bias) or x.dtype != weight.dtype:
+        if not self._takes(x, weight, bias) or x.dtype != weight.dtype or weight.dim() != 2:
             return NotImplemented
         flat = x.reshape(-1, x.shape[-1])
         y = invariant_gemm(flat, weight.t(), bias, interpret=self.interpret)
