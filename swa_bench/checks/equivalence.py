@@ -503,9 +503,9 @@ def check_e4(model: Transformer, workload: StepInputs, *, tol: Tolerance,
     12544 logits at 2.3e-5). A wrong mask or position moves whole rows by O(RMS). In the
     batch-invariant mode (``invariant``) a row is the same function in any batch, and every
     tensor is compared bitwise."""
-    if not invariant:
-        return _e4(model, workload, tol, kernels, invariant)
-    with check_mode(True, model.embed.weight.device):
+    mode = (check_mode(True, model.embed.weight.device) if invariant
+            else contextlib.nullcontext())
+    with mode:
         return _e4(model, workload, tol, kernels, invariant)
 
 

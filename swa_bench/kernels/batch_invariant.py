@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from swa_bench.kernels.config import next_pow2
+from swa_bench.kernels.config import Kernels, next_pow2
 from swa_bench.kernels.launch import launch
 
 # Padded to a multiple of this many elements: every SIMD width and unroll torch's CPU kernels use
@@ -177,12 +177,6 @@ MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: the GEMM's batch
 INT32_OFFSETS = 1 << 31  # the kernel's K offsets (``k0 * stride``) are 32-bit
 
 
-def _dot_precision(dtype: torch.dtype, interpret: bool) -> str:
-    if interpret:
-        return "interpret"
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
                    alpha: float = 1.0, beta: float = 1.0, out: torch.Tensor | None = None,
                    interpret: bool = False) -> torch.Tensor:
@@ -216,6 +210,7 @@ def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
     # The interpreter truncates fp32 to bf16: it writes fp32, rounded by torch as the GPU would.
     dest = c3.float() if interpret and c3.dtype != torch.float32 else c3
     block_m, block_n, block_k, warps, stages = GEMM_TILES[a.dtype]
+    precision = Kernels("triton", interpret=interpret).precision(a.dtype)  # the dot's, as ever
     for g in range(0, batch, MAX_GRID_Z):  # batch entries are independent programs
         part = slice(g, g + MAX_GRID_Z)
         launch(triton_invariant.invariant_gemm_kernel,
@@ -223,7 +218,7 @@ def invariant_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None =
                a3[part], b3[part], dest[part], bias3[part], m, n, k, *a3.stride(),
                *b3.stride(), *dest.stride(), *bias3.stride(), float(alpha), float(beta),
                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-               PRECISION=_dot_precision(a.dtype, interpret), direct=not interpret,
+               PRECISION=precision, direct=not interpret,
                num_warps=warps, num_stages=stages)
     if dest is not c3:
         c3.copy_(dest)
