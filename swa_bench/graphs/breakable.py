@@ -79,11 +79,23 @@ def _bound(args: tuple, bindings: Bindings | None) -> tuple:
 
 
 class _Break:
-    def __init__(self, fn: Callable, args: tuple, outputs: tuple[torch.Tensor, ...]) -> None:
-        self.fn, self.args, self.outputs = fn, args, outputs
+    """An eager break: at each replay ``fn`` runs on the capture's arguments and its outputs
+    land in the fixed buffers the next segment reads, written there by ``fn`` itself where its
+    site ``writes_out`` (no copy), else copied."""
+
+    def __init__(self, fn: Callable, args: tuple, outputs: tuple[torch.Tensor, ...],
+                 writes_out: bool) -> None:
+        self.fn, self.args, self.outputs, self.writes_out = fn, args, outputs, writes_out
 
     def replay(self, bindings: Bindings | None = None) -> None:
-        out = _as_tuple(self.fn(*_bound(self.args, bindings)))
+        args = _bound(self.args, bindings)
+        if self.writes_out:
+            (buf,) = self.outputs
+            if self.fn(*args, out=buf) is not buf:
+                raise RuntimeError(f"{self.fn.__name__} was given out= and returned another "
+                                   "tensor: its site must not be marked writes_out")
+            return
+        out = _as_tuple(self.fn(*args))
         for buf, fresh in zip(self.outputs, out, strict=True):
             buf.copy_(fresh)
 
@@ -155,10 +167,10 @@ class SegmentedCapture:
                 piece.replay()
         return self.outputs
 
-    def on_break(self, site: str, fn: Callable, args: tuple) -> Any:
+    def on_break(self, site: str, fn: Callable, args: tuple, writes_out: bool = False) -> Any:
         if not self.breaks or self.in_break:
             return fn(*args)
-        return self._break_out(site, fn, args)
+        return self._break_out(site, fn, args, writes_out)
 
     def on_host_effect(self, site: str, fn: Callable, args: tuple) -> Any:
         result = fn(*args)
@@ -166,17 +178,20 @@ class SegmentedCapture:
             self._effects.append(_HostEffect(fn, args))
         return result
 
-    def _break_out(self, site: str, fn: Callable, args: tuple) -> Any:
+    def _break_out(self, site: str, fn: Callable, args: tuple, writes_out: bool) -> Any:
         self._end()
         self.in_break = True
         try:
-            result = fn(*args)
+            result = fn(*args)  # a fresh output: the first capture sizes the buffers from it
         finally:
             self.in_break = False
+        if writes_out and not isinstance(result, torch.Tensor):
+            raise RuntimeError(f"break {site!r} writes_out but returned {type(result).__name__}, "
+                               "not one tensor")
         outputs = self.buffers.views(site, _as_tuple(result))
         for buf, out in zip(outputs, _as_tuple(result), strict=True):
             buf.copy_(out)
-        self.pieces.append(_Break(fn, args, outputs))
+        self.pieces.append(_Break(fn, args, outputs, writes_out))
         self._begin()
         return outputs if isinstance(result, tuple) else outputs[0]
 

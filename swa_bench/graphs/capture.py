@@ -37,19 +37,38 @@ CaptureMode = Literal["piecewise", "full"]
 @dataclass
 class CaptureStats:
     seconds: float = 0.0
-    pool_bytes: int = 0  # device memory the graphs hold (CUDA only)
+    pool_bytes: int = 0  # device memory the graphs hold (CUDA only): ``held_bytes``' growth
     segments: int = 0
     breaks: int = 0
 
 
+def held_bytes(device: torch.device) -> int:
+    """Device memory this process's allocator holds once its unused cache is released: what a
+    capture adds to it (graph pools, static and break buffers) is what the graphs cost, neither
+    counting nor, once the warm-up's cache is released (``record``), subtracting memory that
+    was merely cached. 0 off CUDA."""
+    if device.type != "cuda":
+        return 0
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
+
+
 def record(capture: SegmentedCapture, fn: Callable[[], object], device: torch.device) -> None:
     """``fn`` run once eagerly (the warm-up), then recorded into ``capture``: on a side stream
-    on a GPU, as CUDA graph capture requires, synchronised on both sides."""
+    on a GPU, as CUDA graph capture requires, synchronised on both sides.
+
+    The warm-up's activations go back to the caching allocator's general pool, which a graph's
+    private pool cannot draw on: left cached, a graph of 64K v41-flash tokens needs its
+    activations twice over (29 GB cached beside the capture's own when it ran out of memory,
+    issue 34), so they are released before the capture."""
     fn()
     if device.type != "cuda":
         capture.capture(fn)
         return
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -86,10 +105,7 @@ class CapturedGraphs:
         """Captures every size, largest first; ``context_for(dummy step, size)`` is the context
         the engine plans for it. A failed capture keeps no partial set."""
         start = time.perf_counter()
-        if self.on_cuda:
-            gc.collect()
-            torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(self.device) if self.on_cuda else 0
+        before = held_bytes(self.device)
         try:
             with torch.inference_mode():
                 for size in sorted(self.capture_sizes, reverse=True):
@@ -98,9 +114,7 @@ class CapturedGraphs:
             self.graphs.clear()
             self.static_steps.clear()
             raise
-        if self.on_cuda:
-            torch.cuda.synchronize(self.device)
-            self.stats.pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        self.stats.pool_bytes = held_bytes(self.device) - before
         self.stats.seconds = time.perf_counter() - start
         self.stats.segments = sum(g.num_segments for g in self.graphs.values())
         self.stats.breaks = sum(g.num_breaks for g in self.graphs.values())

@@ -28,14 +28,13 @@ graphs are bound to one cache, as the model graphs are.
 from __future__ import annotations
 
 import functools
-import gc
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from swa_bench.graphs.breakable import BreakBuffers, CudaSegment, SegmentedCapture
-from swa_bench.graphs.capture import CaptureStats, record
+from swa_bench.graphs.capture import CaptureStats, held_bytes, record
 from swa_bench.graphs.capture_sizes import check_capture_sizes
 from swa_bench.graphs.standin import TapeSegment
 from swa_bench.kernels.config import Kernels
@@ -114,11 +113,7 @@ class ReplayGraphs:
         if not self.graphs and todo[0] != max(self.sizes):
             raise RuntimeError("the largest replay capture size is captured first")
         start = time.perf_counter()
-        on_cuda = self.device.type == "cuda"
-        if on_cuda:
-            gc.collect()
-            torch.cuda.synchronize(self.device)
-        before = torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        before = held_bytes(self.device)
         if not self.static_inputs:
             largest = max(self.sizes)
             self.static_inputs = [t.new_zeros((largest, *t.shape[1:])) for t in inputs]
@@ -131,9 +126,7 @@ class ReplayGraphs:
                 for held in (self.graphs, self.static_metadata, self.capture_kv):
                     held.pop(size, None)
             raise
-        if on_cuda:
-            torch.cuda.synchronize(self.device)
-            self.stats.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+        self.stats.pool_bytes += held_bytes(self.device) - before
         self.stats.seconds += time.perf_counter() - start
         self.stats.segments = sum(g.num_segments for g in self.graphs.values())
         self.stats.breaks = sum(g.num_breaks for g in self.graphs.values())

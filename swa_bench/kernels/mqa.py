@@ -38,13 +38,16 @@ def _mqa_attention(
     tile: str,
     precision: str,
     direct: bool,
-) -> torch.Tensor:
+    out: torch.Tensor,
+) -> None:
     from swa_bench.kernels import triton_mqa
 
     t, heads, d = q.shape
-    out = torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"mqa_attention: out must be a {tuple(q.shape)} {q.dtype} tensor with "
+                         f"unit last stride, got {tuple(out.shape)} {out.dtype}")
     if t == 0:
-        return out
+        return
     config = TileConfig.parse(tile)
     block_d = next_pow2(d)
     block_dv = min(config.block_dv or block_d, block_d)
@@ -64,17 +67,16 @@ def _mqa_attention(
         PRECISION=precision, direct=direct,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out
 
 
 mqa_attention_op = torch.library.custom_op("swa_bench::mqa_attention", _mqa_attention,
-                                           mutates_args=())
+                                           mutates_args=("out",))
 
 
 @mqa_attention_op.register_fake
 def _(q, sink, kv_a, idx_a, kv_b, idx_b, kv_c, c_start, c_count, scale, causal_keys, tile,
-      precision, direct):
-    return torch.empty_like(q)
+      precision, direct, out):
+    return None
 
 
 def mqa_attention_flops(rows: int, heads: int, head_dim: int, keys_per_row: int,
@@ -99,16 +101,21 @@ def mqa_attention(
     scale: float,
     gathered: list[tuple[torch.Tensor, torch.Tensor]],
     causal: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``gathered``: one or two ``(kv [N, D], idx [T, K])``; ``causal``: ``(kv, start [T],
     count [T], total keys)``. Sources are visited in this order, keys in index order; the tile
-    is ``kernels.tile_for`` the kind of sources and the dtype."""
+    is ``kernels.tile_for`` the kind of sources and the dtype. The result is written into
+    ``out`` (shaped like ``q``; None: a fresh tensor) and returned."""
     if not 1 <= len(gathered) <= 2:
         raise ValueError(f"mqa_attention takes one or two gathered sources, got {len(gathered)}")
     (kv_a, idx_a), *rest = gathered
     kv_b, idx_b = rest[0] if rest else (None, None)
     kv_c, c_start, c_count, keys = causal if causal is not None else (None, None, None, 0)
-    return call_op(mqa_attention_op, _mqa_attention, q, sink, kv_a, idx_a, kv_b, idx_b, kv_c,
-                   c_start, c_count, float(scale), int(keys),
-                   kernels.tile_for(causal is not None, q.dtype).label(),
-                   kernels.precision(q.dtype), kernels.direct_launch)
+    out = torch.empty_like(q) if out is None else out
+    call_op(mqa_attention_op, _mqa_attention, q, sink, kv_a, idx_a, kv_b, idx_b, kv_c,
+            c_start, c_count, float(scale), int(keys),
+            kernels.tile_for(causal is not None, q.dtype).label(),
+            kernels.precision(q.dtype), kernels.direct_launch, out)
+    return out

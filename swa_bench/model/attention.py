@@ -152,26 +152,32 @@ def attend(
     sink: torch.Tensor,
     selection: torch.Tensor | None,
     shape_mode: ShapeMode,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query rows ``q [Tq, H, D]`` over key rows ``kv [Tkv, D]`` made this forward:
     each row's window, and every visible global key (``selection`` None, dense) or the global
-    positions ``selection [Tq, top_k]`` names (request-relative, -1 for none: sparse)."""
+    positions ``selection [Tq, top_k]`` names (request-relative, -1 for none: sparse). ``out``
+    (shaped like ``q``) receives the result, written there by the kernel; the PyTorch paths
+    copy theirs in."""
     ring = cache.ring[layer]
     keys = torch.cat([ring, kv])
     win = window_index(meta, ring.shape[0], cache.args.window)
     scale = q.shape[-1] ** -0.5
     static = shape_mode == "static"
     if active_kernels().triton:
-        out = _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
-    elif static:
-        sources = [(keys, win)]
-        if global_kv.source is not None:
-            sources.append(_global_source(meta, cache, global_kv, selection))
-        out = gathered_attention(q, sources, sink, scale)
+        o = _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale, out)
     else:
-        out = _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
+        if static:
+            sources = [(keys, win)]
+            if global_kv.source is not None:
+                sources.append(_global_source(meta, cache, global_kv, selection))
+            o = gathered_attention(q, sources, sink, scale)
+        else:
+            o = _varlen_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale)
+        o = o if out is None else out.copy_(o)
     ring.index_copy_(0, meta.ring_slot, kv)
-    return out
+    return o
 
 
 def _global_source(meta, cache, global_kv, selection):
@@ -184,7 +190,7 @@ def _global_source(meta, cache, global_kv, selection):
     return glob, torch.where(selection >= 0, base[:, None] + selection, -1)
 
 
-def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale):
+def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, scale, out):
     """Every row of the step in one launch: its window keys gathered, then its selected global
     keys gathered (sparse) or its causal prefix of the source's keys as a contiguous range
     (dense: no index list, no loop over requests)."""
@@ -196,7 +202,7 @@ def _kernel_attention(q, keys, win, meta, cache, global_kv, sink, selection, sca
         glob, start = step_global_keys(meta, cache, global_kv)
         causal = (glob, start, visible_global_keys(meta, ratio),
                   layouts_causal_keys(meta.layouts, ratio))
-    return mqa_attention(active_kernels(), q, sink, scale, sources, causal)
+    return mqa_attention(active_kernels(), q, sink, scale, sources, causal, out=out)
 
 
 WINDOW_GATHER_ROWS = 2048  # rows per chunk: their gathered window keys stay a few hundred MiB

@@ -23,7 +23,8 @@ class BreakHandler(Protocol):
     """What a capture does with a marked call: ``on_break`` for an eager break, ``on_host_effect``
     for a host effect; each runs the call and records what a replay must redo."""
 
-    def on_break(self, site: str, fn: Callable[..., Any], args: tuple) -> Any: ...
+    def on_break(self, site: str, fn: Callable[..., Any], args: tuple, writes_out: bool) -> Any:
+        ...
 
     def on_host_effect(self, site: str, fn: Callable[..., Any], args: tuple) -> Any: ...
 
@@ -44,15 +45,18 @@ def break_handler(handler: BreakHandler) -> Iterator[None]:
         _handler = None
 
 
-def eager_break(site: str) -> Callable[[Callable], Callable]:
-    """Marks a function as an eager-break site named ``site``."""
+def eager_break(site: str, *, writes_out: bool = False) -> Callable[[Callable], Callable]:
+    """Marks a function as an eager-break site named ``site``. ``writes_out``: the function
+    takes a keyword ``out`` (None: it allocates) and writes its one output there, returning it,
+    so a graph replay hands it the break's fixed buffer instead of copying a fresh output into
+    it (attention's heads: 1 GB a layer at 16K tokens)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
             if _handler is None:
                 return fn(*args)
-            return _handler.on_break(site, fn, args)
+            return _handler.on_break(site, fn, args, writes_out)
 
         return wrapper
 

@@ -201,19 +201,22 @@ class Attention(nn.Module):
         return self.wo_b(linear_input(self.args, low.flatten(1)))
 
 
-@eager_break("attention")
+@eager_break("attention", writes_out=True)
 def attention_op(
     q_latent: torch.Tensor,
     kv: torch.Tensor,
     index_weights: torch.Tensor | None,
     layer: int,
     attn: Attention,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention proper: an eager break in PIECEWISE graphs (shapes follow the step's metadata).
 
     It takes the low-rank query latent, not the heads: a captured graph keeps every break's
     inputs alive, and at 64K tokens 64 heads x 512 of query per layer would fill the GPU. An
     index source publishes its selection in the forward context for the layers after it.
+    ``out`` (a graph replay's break buffer) receives the heads; None allocates them.
     """
     ctx = get_forward_context()
     meta = ctx.metadata_for(layer)
@@ -222,10 +225,11 @@ def attention_op(
         run_indexer(q_latent, index_weights, layer, attn)
     selection = None if attn.index_source is None else ctx.index_selection[attn.index_source]
     o = attend(q, kv, meta, ctx.cache, layer, attn.global_kv, attn.sink, selection,
-               ctx.shape_mode)
+               ctx.shape_mode, out=out)
     # V is the rotated K=V latent, so the output's last rope_dim features carry the keys'
     # rotations; turned back at the query's position they are relative to it (DeepSeek-V4.1
-    # `Attention.forward`, before wo_a). ``o`` is attend's own fresh tensor: rotated in place.
+    # `Attention.forward`, before wo_a). ``o`` is attend's own tensor (fresh, or the break's
+    # buffer): rotated in place.
     return attn.rope(o, meta.positions, inverse=True, inplace=True)
 
 

@@ -55,6 +55,7 @@ def render_html(results: RunResults) -> str:
         charts=rendered_charts,
         checks=tables.check_rows(results),
         latency=latency,
+        graphs=tables.graph_rows(results),
         advice=tables.advice_rows(results),
         approximation=tables.approximation_rows(results),
         task_table=tables.task_rows(results),

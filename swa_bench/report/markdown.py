@@ -72,6 +72,19 @@ def render_markdown(results: RunResults) -> str:
                 "TFLOP/s / the device's GEMM rate measured in this run (environment: "
                 "gemm_tflops).", ""]
 
+    graphs = tables.graph_rows(results)
+    if graphs:
+        out += ["## Graphs and memory", "",
+                md_table(["case", "mode", "model graphs (replay engine)", "their MiB",
+                          "replay graphs", "their MiB", "peak MiB ref / replay"],
+                         [(r.case, r.graph_mode, r.model_graphs, r.model_graphs_mib,
+                           r.replay_graphs, r.replay_graphs_mib, r.peak_mib) for r in graphs]),
+                "", "MiB held: what capturing added to the device memory the allocator holds "
+                "once its unused cache is released (graph pools, static and break buffers; CUDA "
+                "only, – on CPU); replay graphs share the model graphs' pool; step in N: the timed "
+                "step's padded size; peak MiB: each path's peak allocation over its timed loop.",
+                ""]
+
     ttft = tables.ttft_rows(results)
     if ttft:
         out += ["## Time to first token (whole prompts in chunks)", "",

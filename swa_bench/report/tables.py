@@ -272,6 +272,53 @@ def latency_rows(results: RunResults) -> list[LatencyRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class GraphRow:
+    """A graph-mode case's captures and what they cost: the replay engine's model graphs and
+    replay graphs (sizes, capture seconds, device memory held), and each path's peak
+    allocation over its timed loop."""
+
+    case: str
+    graph_mode: str
+    model_graphs: str
+    model_graphs_mib: str
+    replay_graphs: str
+    replay_graphs_mib: str
+    peak_mib: str
+
+
+def _mib(value: int | None) -> str:
+    return MISSING if value is None else fmt_number(value / 2**20)
+
+
+def graph_rows(results: RunResults) -> list[GraphRow]:
+    """One row per case run in graphs (eager cases have nothing to show)."""
+    rows = []
+    for case in results.cases:
+        if case.graph_mode == "eager" or case.capture_seconds is None:
+            continue
+        captured = case.deterministic.get("graphs_captured", 0)
+        padded = case.deterministic.get("padded_tokens")
+        model = (f"{captured} captured in {case.capture_seconds:.1f} s"
+                 + (f", step in {padded}" if padded else ", step eager"))
+        if not case.replay_capture_sizes:
+            replay = "off"
+        elif not case.replay_graph_sizes:
+            replay = "none reached"
+        else:
+            replay = (f"{', '.join(map(str, case.replay_graph_sizes))} captured in "
+                      f"{case.replay_capture_seconds or 0:.1f} s")
+            rows_in = case.deterministic.get("replay_graph_rows")
+            replay += f", step in {rows_in}" if rows_in else ", step eager"
+        rows.append(GraphRow(
+            case=case.label, graph_mode=case.graph_mode, model_graphs=model,
+            model_graphs_mib=_mib(case.graph_pool_bytes), replay_graphs=replay,
+            replay_graphs_mib=(_mib(case.replay_graph_pool_bytes)
+                               if case.replay_capture_sizes else NOT_APPLICABLE),
+            peak_mib=fmt_mib_pair(case.peak_memory_bytes)))
+    return rows
+
+
 def rates_cell(case: CaseResult) -> str:
     """Each path's achieved TFLOP/s and its share of the device's measured GEMM rate."""
     if not case.achieved_tflops:

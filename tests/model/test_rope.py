@@ -178,8 +178,8 @@ def test_the_attention_output_is_turned_back_before_the_output_projection(monkey
     seen: list = []
     real_attend = latent_attention.attend
 
-    def attend(q, kv, meta, cache, layer, *rest):
-        out = real_attend(q, kv, meta, cache, layer, *rest)
+    def attend(q, kv, meta, cache, layer, *rest, **kw):
+        out = real_attend(q, kv, meta, cache, layer, *rest, **kw)
         seen.append(("attend", layer, out.clone(), meta.positions.clone()))
         return out
 

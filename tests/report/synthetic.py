@@ -116,10 +116,24 @@ def synthetic_case(index: int, graph_mode: str, policy: str, tokens: int, *, rng
         roofline_ms={"reference": reference_ms / 2, "replay": reference_ms / 2 / roofline_ideal},
         roofline_ideal_speedup=roofline_ideal, roofline_efficiency=speedup / roofline_ideal,
         peak_memory_bytes={"reference": tokens * 4096, "replay": tokens * 2048 + kept * 4096},
-        deterministic={"kept_rows": kept + 1, "graphs_captured": 0 if graph_mode == "eager" else 3,
-                       "flops_reference": flops_reference, "flops_replay": flops_replay},
+        deterministic={"kept_rows": kept + 1, "graphs_captured": 0,
+                       "flops_reference": flops_reference, "flops_replay": flops_replay,
+                       **(graph_counts(tokens, kept + 1) if graph_mode != "eager" else {})},
         approximation=approximation(policy) if tokens == 256 and graph_mode == "eager" else None,
+        **(GRAPH_FIELDS if graph_mode != "eager" else {}),
     )
+
+
+GRAPH_FIELDS = {"capture_seconds": 1.5, "graph_pool_bytes": 96 * 2**20,
+                "replay_capture_sizes": [16, 32], "replay_graph_sizes": [16, 32],
+                "replay_capture_seconds": 0.25, "replay_graph_pool_bytes": 3 * 2**19}
+
+
+def graph_counts(tokens: int, kept: int) -> dict[str, int]:
+    """A graph case's captures: three model graphs (the step in the one of ``tokens``), replay
+    graphs of 16 and 32 rows (the step's kept rows in the smaller that holds them)."""
+    return {"graphs_captured": 3, "padded_tokens": tokens,
+            "replay_graph_rows": 16 if kept <= 16 else 32}
 
 
 def synthetic_run(*, scenario_name: str = "synthetic", failing: bool = True, error: bool = True,

@@ -269,3 +269,24 @@ def test_the_environment_reads_as_text_and_names_the_tool(run_results):
     assert rows["gemm_tflops"] == "float32 0.512, bfloat16 1.25"
     assert rows["swa-bench"] == "0.1.0"
     assert "{" not in render_html(run_results).split('id="environment"')[-1].split("</table>")[0]
+
+
+def test_graph_cases_report_their_captures_and_memory(make_run):
+    results = make_run(failing=False, error=False)
+    graphs = _table(render_markdown(results), "Graphs and memory")
+    assert graphs[0][4:6] == ["replay graphs", "their MiB"]
+    piecewise = [c for c in results.cases if c.graph_mode == "piecewise"]
+    assert [row[0] for row in graphs[2:]] == [c.label for c in piecewise]  # no eager case
+    by_case = {c.label: c for c in piecewise}
+    for row in graphs[2:]:
+        case = by_case[row[0]]
+        assert row[2] == f"3 captured in 1.5 s, step in {case.tokens}"
+        assert row[3] == "96" and row[5] == "1.5"  # MiB held by each kind of graph
+        rows_in = case.deterministic["replay_graph_rows"]
+        assert row[4] == f"16, 32 captured in 0.2 s, step in {rows_in}"
+    off = results.model_copy(deep=True)
+    for case in off.cases:
+        case.replay_capture_sizes = []
+    assert {row[4] for row in _table(render_markdown(off), "Graphs and memory")[2:]} == {"off"}
+    html = render_html(results)
+    assert '<table id="graphs">' in html and "step in 1024" in html
