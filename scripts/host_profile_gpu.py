@@ -33,6 +33,8 @@ DRY = os.environ.get("HOST_PROFILE_DRY") == "1"
 DEVICE = torch.device("cpu" if DRY else "cuda")
 STEPS = 5 if DRY else 30
 TABLE: list[str] = []
+WATCH = ("method 'to' of", "method 'copy_' of", "_cuda_synchronize", "make_metadata",
+         "method 'new_zeros'", "torch.index_select", "method 'index_copy_'")
 
 
 def sync() -> None:
@@ -58,14 +60,20 @@ def run(eng: Engine, inputs: StepInputs) -> None:
     eng.step(inputs.requests, inputs.step_tokens, inputs.cache_indices)
 
 
-def own_times(prof: cProfile.Profile) -> dict[str, float]:
-    """Each function's own time in us per step."""
+def _key(file: str, line: int, name: str) -> str:
+    return f"{os.path.basename(file)}:{line}({name})"
+
+
+def own_times(prof: cProfile.Profile) -> tuple[dict[str, float], dict[str, dict[str, tuple]]]:
+    """Each function's own time in us per step, and per function its callers' (calls per step,
+    us per step)."""
     stats = pstats.Stats(prof)
-    out = {}
-    for (file, line, name), (_, _, tottime, _, _) in stats.stats.items():
-        key = f"{os.path.basename(file)}:{line}({name})"
+    out, callers = {}, {}
+    for (file, line, name), (_, _, tottime, _, by) in stats.stats.items():
+        key = _key(file, line, name)
         out[key] = out.get(key, 0.0) + tottime * 1e6 / STEPS
-    return out
+        callers[key] = {_key(*c): (v[1] / STEPS, v[2] * 1e6 / STEPS) for c, v in by.items()}
+    return out, callers
 
 
 def profile_length(model, tokens: int) -> None:
@@ -103,9 +111,14 @@ def profile_length(model, tokens: int) -> None:
             run(eng, inputs)
         sync()
         prof.disable()
-        profiles[name] = own_times(prof)
+        profiles[name], callers = own_times(prof)
         print(f"  cProfile {name}: {sum(profiles[name].values()):.0f} us of own time a step",
               flush=True)
+        for key, by in callers.items():
+            if any(w in key for w in WATCH) and by:
+                print(f"    {name}: {key} called from:", flush=True)
+                for caller, (calls, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:8]:
+                    print(f"      {caller}: {calls:.1f} calls, {us:.0f} us a step", flush=True)
     ref, rep = profiles["reference"], profiles["replay"]
     keys = sorted(set(ref) | set(rep), key=lambda k: -abs(rep.get(k, 0) - ref.get(k, 0)))
     say(f"\n| function ({tokens} tokens, cProfile, us per step) | reference | replay |")

@@ -352,7 +352,10 @@ class KeptRows:
     hc: int
     padded_to: int | None = None  # a replay graph's size: rows after the kept ones read row 0
 
-    def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor):
+    def run(self, run_layers: Callable, kv_s: torch.Tensor, *inputs: torch.Tensor,
+            out: tuple[torch.Tensor, ...] | None = None):
+        """``out``: where the scattered outputs go (the route's contract; the oracle runs
+        eagerly, where nothing passes it)."""
         given = ReplayInputs.of(self.hc, inputs)
         if given.pre_mix.shape != (kv_s.shape[0], self.hc) or given.pre_mix.dtype != torch.float32:
             raise ValueError(f"the pre-mix is fp32 [rows, {self.hc}], got "
@@ -372,7 +375,9 @@ class KeptRows:
         spread = ReplayOutputs(tuple(self._scatter(kv_s, s) for s in final.streams),
                                self._scatter(kv_s, final.pre_mix),
                                None if aux is None else self._scatter(kv_s, aux))
-        return spread.tensors()
+        if out is None:
+            return spread.tensors()
+        return tuple(buf.copy_(t) for buf, t in zip(out, spread.tensors(), strict=True))
 
     def _scatter(self, kv_s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return t.new_zeros((kv_s.shape[0], *t.shape[1:])).index_copy_(0, self.rows, t)

@@ -84,16 +84,19 @@ class _Break:
     site ``writes_out`` (no copy), else copied."""
 
     def __init__(self, fn: Callable, args: tuple, outputs: tuple[torch.Tensor, ...],
-                 writes_out: bool) -> None:
+                 writes_out: bool, single: bool) -> None:
         self.fn, self.args, self.outputs, self.writes_out = fn, args, outputs, writes_out
+        self.single = single  # ``fn`` returns one tensor, not a tuple
 
     def replay(self, bindings: Bindings | None = None) -> None:
         args = _bound(self.args, bindings)
         if self.writes_out:
-            (buf,) = self.outputs
-            if self.fn(*args, out=buf) is not buf:
-                raise RuntimeError(f"{self.fn.__name__} was given out= and returned another "
-                                   "tensor: its site must not be marked writes_out")
+            out = self.outputs[0] if self.single else self.outputs
+            got = _as_tuple(self.fn(*args, out=out))
+            if len(got) != len(self.outputs) or any(
+                    g is not b for g, b in zip(got, self.outputs, strict=False)):
+                raise RuntimeError(f"{self.fn.__name__} was given out= and returned other "
+                                   "tensors: its site must not be marked writes_out")
             return
         out = _as_tuple(self.fn(*args))
         for buf, fresh in zip(self.outputs, out, strict=True):
@@ -185,13 +188,11 @@ class SegmentedCapture:
             result = fn(*args)  # a fresh output: the first capture sizes the buffers from it
         finally:
             self.in_break = False
-        if writes_out and not isinstance(result, torch.Tensor):
-            raise RuntimeError(f"break {site!r} writes_out but returned {type(result).__name__}, "
-                               "not one tensor")
         outputs = self.buffers.views(site, _as_tuple(result))
         for buf, out in zip(outputs, _as_tuple(result), strict=True):
             buf.copy_(out)
-        self.pieces.append(_Break(fn, args, outputs, writes_out))
+        single = not isinstance(result, (tuple, list))
+        self.pieces.append(_Break(fn, args, outputs, writes_out, single))
         self._begin()
         return outputs if isinstance(result, tuple) else outputs[0]
 

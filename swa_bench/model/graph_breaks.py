@@ -47,9 +47,10 @@ def break_handler(handler: BreakHandler) -> Iterator[None]:
 
 def eager_break(site: str, *, writes_out: bool = False) -> Callable[[Callable], Callable]:
     """Marks a function as an eager-break site named ``site``. ``writes_out``: the function
-    takes a keyword ``out`` (None: it allocates) and writes its one output there, returning it,
-    so a graph replay hands it the break's fixed buffer instead of copying a fresh output into
-    it (attention's heads: 1 GB a layer at 16K tokens)."""
+    takes a keyword ``out`` (None: it allocates; else its output's buffers, a tensor or a tuple
+    as it returns) and writes its outputs there, returning them, so a graph replay hands it the
+    break's fixed buffers instead of copying fresh outputs into them (attention's heads: 1 GB
+    a layer at 16K tokens)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)

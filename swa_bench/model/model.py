@@ -120,13 +120,15 @@ def replay_layers(
     return on_replay_batch(run_layers, batch_kv, *inputs)
 
 
-@eager_break("replay_layers")
+@eager_break("replay_layers", writes_out=True)
 def on_replay_batch(
-    run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor
+    run_layers: ReplayLayers, batch_kv: torch.Tensor, *inputs: torch.Tensor,
+    out: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The replay-batch route, read from the context at every call (a PIECEWISE graph replays the
-    break under each step's context, so its kept rows are the step's, not the capture's)."""
-    return get_forward_context().replay_batch.run(run_layers, batch_kv, *inputs)
+    break under each step's context, so its kept rows are the step's, not the capture's); the
+    outputs are scattered into ``out`` (the break's buffers) where given."""
+    return get_forward_context().replay_batch.run(run_layers, batch_kv, *inputs, out=out)
 
 
 class Block(nn.Module):

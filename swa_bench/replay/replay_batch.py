@@ -86,9 +86,12 @@ class ReplayBatch:
         run_layers: Callable[..., tuple[torch.Tensor, ...]],
         batch_kv: torch.Tensor,
         *inputs: torch.Tensor,
+        out: Sequence[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """``run_layers`` on the kept rows (``ReplayRoute``): gather, run, scatter, each timed
-        under the step's timer. Row ``j`` of every gathered input is batch row ``rows[j]``."""
+        under the step's timer. Row ``j`` of every gathered input is batch row ``rows[j]``.
+        The outputs are scattered into ``out`` (a graph break's buffers, one per output, batch
+        rows) where given, else into fresh tensors."""
         timer = get_forward_context().timer
         if self.run_graph is not None:
             outputs = self.run_graph(run_layers, batch_kv, inputs, self)
@@ -98,13 +101,15 @@ class ReplayBatch:
                 gathered = [t.index_select(0, rows) for t in inputs]
             with region(timer, "layers"), set_forward_context(self.forward_context):
                 outputs = run_layers(batch_kv, *gathered)
-        n = self.num_rows
+        n, rows = self.num_rows, batch_kv.shape[0]
         with region(timer, "scatter"):
-            return tuple(
-                out.new_zeros((batch_kv.shape[0], *out.shape[1:])).index_copy_(0, self.rows,
-                                                                               out[:n])
-                for out in outputs
-            )
+            if out is None:
+                out = [o.new_zeros((rows, *o.shape[1:])) for o in outputs]
+            else:
+                for buf in out:
+                    buf.zero_()
+            return tuple(buf.index_copy_(0, self.rows, o[:n])
+                         for buf, o in zip(out, outputs, strict=True))
 
 
 def kept_layouts(step: StepBatch, lens: list[int],

@@ -69,11 +69,16 @@ def _window_start_fault(shift):
     return apply
 
 
+def into(out, tensors):
+    """A faulty route's outputs in the graph break's buffers (``ReplayBatch.run``'s ``out``)."""
+    return tuple(buf.copy_(t) for buf, t in zip(out, tensors, strict=True))
+
+
 def _replay_route(gather_rows=None, scatter_rows=None, base=None):
     """A faulty gather/scatter around the replay layers (the model's eager break still wraps it)."""
 
     def apply(mp):
-        def run(self, run_layers, batch_kv, *inputs):
+        def run(self, run_layers, batch_kv, *inputs, out=None):
             ctx = get_forward_context()
             rows = self.rows
             g = rows if gather_rows is None else gather_rows(rows)
@@ -82,12 +87,12 @@ def _replay_route(gather_rows=None, scatter_rows=None, base=None):
             with set_forward_context(self.forward_context):
                 outputs = run_layers(batch_kv, *gathered)
             s = rows if scatter_rows is None else scatter_rows(rows)
-            out = []
+            spread = []
             for i, o in enumerate(outputs):
                 start = (o.new_zeros((batch_kv.shape[0], *o.shape[1:])) if base is None
                          else base(inputs, i))
-                out.append(start.index_copy_(0, s, o))
-            return tuple(out)
+                spread.append(start.index_copy_(0, s, o))
+            return tuple(spread) if out is None else into(out, spread)
 
         mp.setattr(replay_batch.ReplayBatch, "run", run)
 

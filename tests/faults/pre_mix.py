@@ -13,10 +13,10 @@ def _pre_mix_of_the_first_rows(mp):
     right): as if the gather indexed the pre-mix by position in the replay batch."""
     real = replay_batch.ReplayBatch.run
 
-    def run(self, run_layers, batch_kv, *inputs):
+    def run(self, run_layers, batch_kv, *inputs, out=None):
         *streams, pre_mix = inputs
         wrong = pre_mix.clone().index_copy_(0, self.rows, pre_mix[: self.num_rows])
-        return real(self, run_layers, batch_kv, *streams, wrong)
+        return real(self, run_layers, batch_kv, *streams, wrong, out=out)
 
     mp.setattr(replay_batch.ReplayBatch, "run", run)
 

@@ -11,6 +11,7 @@ import torch
 
 import swa_bench.replay.replay_batch as replay_batch
 from swa_bench.model.forward_context import get_forward_context, region, set_forward_context
+from tests.faults.faults import into
 from tests.faults.test_faults import run_case_checks
 
 SPARSE = "scenarios/sparse-policies.yaml"
@@ -21,7 +22,7 @@ def _first_rows_for(dtype: torch.dtype):
     """``ReplayBatch.run`` gathering the per-row inputs of ``dtype`` (S's selection: int64; its
     candidate blocks: int32; the streams are floating point) from the batch's first rows."""
 
-    def run(self, run_layers, batch_kv, *inputs):
+    def run(self, run_layers, batch_kv, *inputs, out=None):
         first = torch.arange(self.num_rows, device=self.rows.device)
         with region(get_forward_context().timer, "gather"):
             gathered = [None if t is None else
@@ -29,8 +30,9 @@ def _first_rows_for(dtype: torch.dtype):
                         for t in inputs]
         with set_forward_context(self.forward_context):
             outputs = run_layers(batch_kv, *gathered)
-        return tuple(o.new_zeros((batch_kv.shape[0], *o.shape[1:])).index_copy_(0, self.rows, o)
-                     for o in outputs)
+        spread = [o.new_zeros((batch_kv.shape[0], *o.shape[1:])).index_copy_(0, self.rows, o)
+                  for o in outputs]
+        return tuple(spread) if out is None else into(out, spread)
 
     return run
 

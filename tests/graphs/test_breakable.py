@@ -61,5 +61,5 @@ def test_a_writes_out_break_that_ignores_out_is_refused_at_replay():
     x = torch.randn(3, 2)
     capture = SegmentedCapture(TapeSegment, BreakBuffers(), breaks=True)
     capture.capture(lambda: liar(x) * 2)
-    with pytest.raises(RuntimeError, match="returned another tensor"):
+    with pytest.raises(RuntimeError, match="returned other tensors"):
         capture.run()

@@ -110,7 +110,7 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch)
     seen, captured = {}, {}
     real_run = ReplayBatch.run
 
-    def run(self, run_layers, batch_kv, *inputs):
+    def run(self, run_layers, batch_kv, *inputs, out=None):
         captured["inputs"] = inputs
 
         def spy(kv, *gathered):
@@ -119,7 +119,7 @@ def test_vllm_mixed_batch_gather_and_scatter(tiny_model, tiny_args, monkeypatch)
             seen["outputs"] = run_layers(kv, *gathered)
             return seen["outputs"]
 
-        return real_run(self, spy, batch_kv, *inputs)
+        return real_run(self, spy, batch_kv, *inputs, out=out)
 
     monkeypatch.setattr(ReplayBatch, "run", run)
     _, streams, pre_mix, _ = forward(tiny_model, step, engine.cache, replay_batch)
