@@ -6,12 +6,13 @@
 # else may be resident), each under its own time limit so a slow case cannot eat the others'.
 #
 # Usage with the device tool (carry [".whl"]; ../shared/device/prep.sh fills .whl once):
-#   bash scripts/v41_flash_gpu.sh          # all four cases, about 6-8 minutes
+#   bash scripts/v41_flash_gpu.sh          # all four cases, about 3-4 minutes (191 s on 2026-12-04)
 #   bash scripts/v41_flash_gpu.sh 16k      # the 16K cases only (if 'all' runs past the limit)
 #   bash scripts/v41_flash_gpu.sh 64k
 #   bash scripts/v41_flash_gpu.sh eager    # 16K and 64K, eager only
 #   bash scripts/v41_flash_gpu.sh piecewise  # 16K and 64K, PIECEWISE only (replay graphs on)
-# Logs, run folders and the table go under $OUT.
+# The table, cases.txt and gpu.txt go under $OUT; the run folders, logs and memory traces into
+# $OUT/runs.tgz (the device returns at most 8 files).
 set -uo pipefail
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -41,10 +42,10 @@ case "${1:-all}" in
          run_case "eager/bounded/T=65536/" eager-64k 300 ;;
   piecewise) run_case "piecewise/bounded/T=16384/" piecewise-16k 200
              run_case "piecewise/bounded/T=65536/" piecewise-64k 300 ;;
-  all) run_case "eager/bounded/T=16384/" eager-16k 90
-       run_case "piecewise/bounded/T=16384/" piecewise-16k 70
-       run_case "eager/bounded/T=65536/" eager-64k 150
-       run_case "piecewise/bounded/T=65536/" piecewise-64k 140 ;;
+  all) run_case "eager/bounded/T=16384/" eager-16k 100
+       run_case "piecewise/bounded/T=16384/" piecewise-16k 100
+       run_case "eager/bounded/T=65536/" eager-64k 170
+       run_case "piecewise/bounded/T=65536/" piecewise-64k 200 ;;
 esac
 
 python3 - "$RUNS" "$OUT" <<'PY' | tee "$OUT/table.md"
@@ -101,3 +102,6 @@ for name in ("eager-16k", "piecewise-16k", "eager-64k", "piecewise-64k"):
 print("\nMFU against the GEMM rate each run measured on this device: "
       + ", ".join(f"{k} {v}" for k, v in rates.items()))
 PY
+# The device returns at most 8 files: the run folders, logs and memory traces in one archive.
+tar -C "$OUT" -czf "$OUT/runs.tgz" runs $(cd "$OUT" && ls *.log *.mem 2>/dev/null) \
+  && rm -rf "$RUNS" "$OUT"/*.log "$OUT"/*.mem

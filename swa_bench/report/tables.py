@@ -52,12 +52,21 @@ def fmt_share(value: float | None) -> str:
     return MISSING if value is None else f"{100 * value:.1f}%"
 
 
+def fmt_mib(nbytes: int | None) -> str:
+    """Bytes in MiB: whole MiB from 100 up (a GPU's figures), three digits below (a CPU
+    preset's)."""
+    if nbytes is None:
+        return MISSING
+    mib = nbytes / 2**20
+    return f"{mib:.0f}" if abs(mib) >= 100 else fmt_number(mib)
+
+
 def fmt_mib_pair(peaks: dict[str, int]) -> str:
     """Both paths' peak memory, ``"reference / replay"`` in MiB (missing where either is)."""
     pair = [peaks.get(name) for name in ("reference", "replay")]
     if None in pair:
         return MISSING
-    return " / ".join(fmt_number(b / 2**20) for b in pair)
+    return " / ".join(fmt_mib(b) for b in pair)
 
 
 NOT_APPLICABLE = "n/a"
@@ -287,10 +296,6 @@ class GraphRow:
     peak_mib: str
 
 
-def _mib(value: int | None) -> str:
-    return MISSING if value is None else fmt_number(value / 2**20)
-
-
 def graph_rows(results: RunResults) -> list[GraphRow]:
     """One row per case run in graphs (eager cases have nothing to show)."""
     rows = []
@@ -312,8 +317,8 @@ def graph_rows(results: RunResults) -> list[GraphRow]:
             replay += f", step in {rows_in}" if rows_in else ", step eager"
         rows.append(GraphRow(
             case=case.label, graph_mode=case.graph_mode, model_graphs=model,
-            model_graphs_mib=_mib(case.graph_pool_bytes), replay_graphs=replay,
-            replay_graphs_mib=(_mib(case.replay_graph_pool_bytes)
+            model_graphs_mib=fmt_mib(case.graph_pool_bytes), replay_graphs=replay,
+            replay_graphs_mib=(fmt_mib(case.replay_graph_pool_bytes)
                                if case.replay_capture_sizes else NOT_APPLICABLE),
             peak_mib=fmt_mib_pair(case.peak_memory_bytes)))
     return rows
