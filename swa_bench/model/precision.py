@@ -26,7 +26,9 @@ release's ``dtype "fp8"`` and ``expert_dtype "fp4"`` (inference/model.py at dba1
   head (fp32), mHC's ``hc_*_fn`` (fp32), the token embedding.
 
 Every function is the identity under "bf16". Quantisation is row-local (a row's groups only), so
-a row's values do not depend on the batch around it and E1 stays bitwise.
+a row's values do not depend on the batch around it and E1 stays bitwise. On the Triton backend
+the activations' and KV's quantisation is one fused launch (``kernels.group_quant``: the same bits
+as ``kernels.quant``'s PyTorch functions, which the CPU path and training run).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from swa_bench.kernels import quant
+from swa_bench.kernels import group_quant, quant
+from swa_bench.model.forward_context import active_kernels
 
 if TYPE_CHECKING:
     from torch import nn
@@ -67,7 +70,7 @@ def quantised_gemm(args: ModelArgs) -> str:
 
 def linear_input(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
     """The input of one of the reference's fp8 Linears as ``fp8_gemm`` reads it."""
-    return quant.act_quant(x) if is_fp8(args) else x
+    return group_quant.act_quant(active_kernels(), x) if is_fp8(args) else x
 
 
 def expert_input(args: ModelArgs, x: torch.Tensor,
@@ -76,22 +79,24 @@ def expert_input(args: ModelArgs, x: torch.Tensor,
     "w4a16". ``quantised``: ``linear_input(args, x)`` when the caller has it (reused)."""
     if not (is_fp8(args) and args.expert_precision == "w4a8"):
         return x
-    return quant.act_quant(x) if quantised is None else quantised
+    return group_quant.act_quant(active_kernels(), x) if quantised is None else quantised
 
 
 def window_kv(args: ModelArgs, kv: torch.Tensor) -> torch.Tensor:
     """The window K=V latent as stored and read (post-RoPE): fp8 per 32."""
-    return quant.act_quant(kv) if is_fp8(args) else kv
+    return group_quant.act_quant(active_kernels(), kv) if is_fp8(args) else kv
 
 
 def compressed_kv(args: ModelArgs, kv: torch.Tensor) -> torch.Tensor:
     """A compressed KV group as stored and read (post-RoPE): fp4 per 16, e4m3 scales."""
-    return quant.fp4_act_quant_e4m3_scale(kv) if is_fp8(args) else kv
+    if not is_fp8(args):
+        return kv
+    return group_quant.fp4_act_quant_e4m3_scale(active_kernels(), kv)
 
 
 def index_vectors(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
     """The indexer's queries or keys (post-RoPE): fp4 per 32, UE8M0 scales."""
-    return quant.fp4_act_quant(x) if is_fp8(args) else x
+    return group_quant.fp4_act_quant(active_kernels(), x) if is_fp8(args) else x
 
 
 def weight_format(name: str) -> str | None:
