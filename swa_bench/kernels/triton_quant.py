@@ -24,9 +24,9 @@ import numpy as np
 import triton
 import triton.language as tl
 
-E4M3 = 0  # e4m3 per group, UE8M0 scale: act_quant
-E2M1 = 1  # e2m1 per group, UE8M0 scale: fp4_act_quant
-E2M1_E4M3_SCALE = 2  # e2m1 per group, e4m3 scale: fp4_act_quant_e4m3_scale
+E4M3 = tl.constexpr(0)  # e4m3 per group, UE8M0 scale: act_quant
+E2M1 = tl.constexpr(1)  # e2m1 per group, UE8M0 scale: fp4_act_quant
+E2M1_E4M3_SCALE = tl.constexpr(2)  # e2m1 per group, e4m3 scale: fp4_act_quant_e4m3_scale
 
 SIGN = tl.constexpr(-2147483648)  # 0x80000000 as an int32
 ROUND_2_23 = tl.constexpr(8388608.0)
