@@ -11,10 +11,10 @@ timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/kernels/test_
 echo "cuda tests: rc=$? ($(tail -1 "$OUT/cuda-tests.log"))"
 sed 's/approximation: {enabled: true, continuation_steps: 128}/approximation: {enabled: false}/' \
   scenarios/v41-flash-fp8.yaml > /tmp/v41-flash-fp8-timing.yaml
-timeout 280 python3 -m swa_bench run /tmp/v41-flash-fp8-timing.yaml --out "$OUT/run" \
+timeout 230 python3 -m swa_bench run /tmp/v41-flash-fp8-timing.yaml --out "$OUT/run" \
   > "$OUT/v41-flash-fp8.log" 2>&1
 echo "timing run: rc=$?"; grep -E "^\[[0-9]/3\]" "$OUT/v41-flash-fp8.log"
-CHECKS=e1 PRECISION=fp8 timeout 170 python3 scripts/checks_gpu.py flash-bf16-16k \
+tar -C "$OUT" -czf "$OUT/run.tgz" run && rm -rf "$OUT/run"
+CHECKS=e1 PRECISION=fp8 timeout 160 python3 scripts/checks_gpu.py flash-bf16-16k \
   > "$OUT/checks-fp8-16k.log" 2>&1
 echo "checks: rc=$?"; grep -E "^\| flash" "$OUT/checks-fp8-16k.log" | cut -c1-300
-tar -C "$OUT" -czf "$OUT/run.tgz" run && rm -rf "$OUT/run"
