@@ -14,7 +14,7 @@ from swa_bench.kernels import quant
 from swa_bench.kernels.config import Kernels
 from swa_bench.kernels.launch import launch
 
-FORMATS = {"e4m3": 0, "e2m1": 1, "e2m1-e4m3-scale": 2}  # triton_quant.E4M3, E2M1, ...
+FORMATS = ("e4m3", "e2m1", "e2m1-e4m3-scale")
 BLOCK_ELEMENTS = 4096  # elements a program holds: 128 groups of 32
 
 
@@ -29,15 +29,19 @@ def group_quant(kernels: Kernels, x: torch.Tensor, fmt: str, group: int) -> torc
     ``fmt`` ("e4m3" and "e2m1" with UE8M0 scales, "e2m1-e4m3-scale" with an e4m3 one)."""
     from swa_bench.kernels import triton_quant
 
+    if fmt not in FORMATS:
+        raise ValueError(f"group_quant: format must be one of {FORMATS}, got {fmt!r}")
     if x.shape[-1] % group:
         raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the group {group}")
+    code = {"e4m3": triton_quant.E4M3, "e2m1": triton_quant.E2M1,
+            "e2m1-e4m3-scale": triton_quant.E2M1_E4M3_SCALE}[fmt]
     y = torch.empty_like(x)
     n_groups = x.numel() // group
     if n_groups == 0:
         return y
     block_g = max(1, BLOCK_ELEMENTS // group)
     launch(triton_quant.group_quant_kernel, (-(-n_groups // block_g),),
-           x, y, n_groups, GROUP=group, BLOCK_G=block_g, FORMAT=FORMATS[fmt],
+           x, y, n_groups, GROUP=group, BLOCK_G=block_g, FORMAT=code.value,
            direct=kernels.direct_launch, num_warps=4)
     return y
 
