@@ -11,6 +11,7 @@
 #   bash scripts/v41_flash_gpu.sh 64k
 #   bash scripts/v41_flash_gpu.sh eager    # 16K and 64K, eager only
 #   bash scripts/v41_flash_gpu.sh piecewise  # 16K and 64K, PIECEWISE only (replay graphs on)
+#   PRECISION=fp8 bash scripts/v41_flash_gpu.sh ...  # the same cases in the release's numerics
 # The table, cases.txt and gpu.txt go under $OUT; the run folders, logs and memory traces into
 # $OUT/runs.tgz (the device returns at most 8 files).
 set -uo pipefail
@@ -18,6 +19,11 @@ python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 OUT=${OUT:-/tmp/out}; RUNS=$OUT/runs; mkdir -p "$RUNS"
 SCENARIO=scenarios/v41-flash-gpu.yaml
+if [ "${PRECISION:-bf16}" = fp8 ]; then  # the release's numerics (w4a8 experts), same cases
+  sed 's/^name: v41-flash-gpu$/name: v41-flash-gpu-fp8/; s/^dtype: bfloat16$/dtype: bfloat16\nprecision: fp8\nexpert_precision: w4a8/' \
+    "$SCENARIO" > /tmp/v41-flash-gpu-fp8.yaml
+  SCENARIO=/tmp/v41-flash-gpu-fp8.yaml
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 run_case() {  # label substring, run folder name, time limit (s)
@@ -36,8 +42,8 @@ run_case() {  # label substring, run folder name, time limit (s)
 case "${1:-all}" in
   16k) run_case "eager/bounded/T=16384/" eager-16k 150
        run_case "piecewise/bounded/T=16384/" piecewise-16k 150 ;;
-  64k) run_case "eager/bounded/T=65536/" eager-64k 240
-       run_case "piecewise/bounded/T=65536/" piecewise-64k 240 ;;
+  64k) run_case "eager/bounded/T=65536/" eager-64k "${LIMIT_EAGER:-240}"
+       run_case "piecewise/bounded/T=65536/" piecewise-64k "${LIMIT_PIECEWISE:-240}" ;;
   eager) run_case "eager/bounded/T=16384/" eager-16k 200
          run_case "eager/bounded/T=65536/" eager-64k 300 ;;
   piecewise) run_case "piecewise/bounded/T=16384/" piecewise-16k 200
