@@ -5,10 +5,7 @@
 # scenarios/v41-flash-fp8.yaml (bf16, fp8 w4a8, fp8 w4a16). One device call, about 9 minutes.
 # Usage there (carry .whl): bash scripts/precision_gpu.sh [checks|timing|all]
 set -uo pipefail
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 what=${1:-all}
 if [ "$what" != timing ]; then
   timeout 120 python3 -m pytest -q -m cuda tests/model/test_precision.py \

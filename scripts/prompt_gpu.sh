@@ -5,10 +5,7 @@
 # folder: `bash scripts/prompt_gpu.sh 65536` (5.5 min), `bash scripts/prompt_gpu.sh 131072` (7.5).
 set -uo pipefail
 length=${1:?usage: prompt_gpu.sh PROMPT_LENGTH}
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
 timeout 570 python3 -m swa_bench run scenarios/v41-flash-prompt.yaml --out "$OUT/v41-flash-prompt" \
   --select "T=$length/" > "$OUT/prompt-$length.log" 2>&1
 echo "prompt run T=$length: rc=$?"

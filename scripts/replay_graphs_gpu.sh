@@ -7,10 +7,8 @@
 # Usage (carry [".whl"]): bash scripts/replay_graphs_gpu.sh; run folders and logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-OUT=${OUT:-/tmp/out}; RUNS=$OUT/runs; mkdir -p "$RUNS"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"
+RUNS=$OUT/runs; mkdir -p "$RUNS"
 step() {  # name, time limit (s), command...
   local name=$1 limit=$2 start=$SECONDS rc; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1

@@ -15,16 +15,14 @@
 # The table, cases.txt and gpu.txt go under $OUT; the run folders, logs and memory traces into
 # $OUT/runs.tgz (the device returns at most 8 files).
 set -uo pipefail
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-OUT=${OUT:-/tmp/out}; RUNS=$OUT/runs; mkdir -p "$RUNS"
+source "$(dirname "$0")/gpu_env.sh"
+RUNS=$OUT/runs; mkdir -p "$RUNS"
 SCENARIO=scenarios/v41-flash-gpu.yaml
 if [ "${PRECISION:-bf16}" = fp8 ]; then  # the release's numerics (w4a8 experts), same cases
   sed 's/^name: v41-flash-gpu$/name: v41-flash-gpu-fp8/; s/^dtype: bfloat16$/dtype: bfloat16\nprecision: fp8\nexpert_precision: w4a8/' \
     "$SCENARIO" > /tmp/v41-flash-gpu-fp8.yaml
   SCENARIO=/tmp/v41-flash-gpu-fp8.yaml
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 run_case() {  # label substring, run folder name, time limit (s)
   local select=$1 name=$2 limit=$3 start=$SECONDS rc
