@@ -42,6 +42,23 @@ def git_state(path: Path) -> tuple[str | None, bool | None]:
     return sha.strip(), (None if status is None else bool(status.strip()))
 
 
+SOURCE_SUFFIXES = (".py", ".j2")
+
+
+def source_digest(root: Path) -> str:
+    """``sha256:<hex>`` of the package's source below ``root``: every ``.py`` and template file
+    by its path relative to ``root`` and its bytes, in path order. It names the code that ran
+    where git cannot: a copy whose git metadata is stale (the GPU machine's copy of the working
+    tree kept the first call's HEAD all session) or absent (an installed wheel)."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in root.rglob("*")
+                   if f.suffix in SOURCE_SUFFIXES and f.is_file() and "__pycache__" not in f.parts)
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(f.read_bytes() + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
 def nvidia_driver() -> str | None:
     out = _run_tool(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     if not out or not out.strip():
@@ -57,7 +74,8 @@ def _gpu_name() -> str | None:
 
 
 def capture_environment(threads: int | None = None) -> dict[str, Any]:
-    """torch, CUDA, GPU, driver, Python, host and the swa_bench checkout's git sha and dirtiness.
+    """torch, CUDA, GPU, driver, Python, host, the swa_bench checkout's git sha and dirtiness,
+    and the digest of the package's source (``source_digest``).
 
     ``threads`` is the CPU thread count the measurement runs with; ``default_threads()`` (what
     the timing loop takes) when None.
@@ -65,7 +83,8 @@ def capture_environment(threads: int | None = None) -> dict[str, Any]:
     import swa_bench
     from swa_bench.bench.timing import cpu_clock_name, default_threads
 
-    git_sha, git_dirty = git_state(Path(swa_bench.__file__).resolve().parent)
+    package = Path(swa_bench.__file__).resolve().parent
+    git_sha, git_dirty = git_state(package)
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -80,6 +99,7 @@ def capture_environment(threads: int | None = None) -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "git_sha": git_sha,
         "git_dirty": git_dirty,
+        "source_sha256": source_digest(package),
     }
 
 

@@ -20,7 +20,7 @@ from swa_bench.results import (
 
 MISSING = "–"
 ENVIRONMENT_KEYS = ("torch", "cuda", "gpu", "driver", "python", "platform", "git_sha", "git_dirty",
-                    "hostname", "threads")
+                    "source_sha256", "hostname", "threads")
 
 
 def fmt_number(value: float | None, digits: int = 3) -> str:

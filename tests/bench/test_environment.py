@@ -6,10 +6,15 @@ import pytest
 import torch
 
 import swa_bench
-from swa_bench.bench.environment import capture_environment, git_state, scenario_hash
+from swa_bench.bench.environment import (
+    capture_environment,
+    git_state,
+    scenario_hash,
+    source_digest,
+)
 
 KEYS = {"torch", "cuda", "gpu", "driver", "python", "platform", "hostname", "cpu_count",
-        "threads", "omp_num_threads", "cpu_timer", "git_sha", "git_dirty"}
+        "threads", "omp_num_threads", "cpu_timer", "git_sha", "git_dirty", "source_sha256"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
@@ -78,3 +83,27 @@ def test_scenario_hash_stable_and_sensitive():
     changed = text.replace("128", "127")
     assert scenario_hash(changed) != first
     assert scenario_hash(text + "\n") != first
+
+
+def test_source_digest_names_the_code_by_content(tmp_path):
+    """Stable, sensitive to a byte and to a file's name, blind to caches and data files; the
+    environment records the package's own."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "sub" / "t.html.j2").write_text("<p>{{ x }}</p>\n")
+    first = source_digest(pkg)
+    assert first.startswith("sha256:") and len(first) == 7 + 64
+    assert source_digest(pkg) == first
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0\1")
+    (pkg / "notes.md").write_text("not code\n")
+    assert source_digest(pkg) == first
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    changed = source_digest(pkg)
+    assert changed != first
+    (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
+    assert source_digest(pkg) not in (first, changed)
+    package_dir = Path(swa_bench.__file__).resolve().parent
+    assert capture_environment()["source_sha256"] == source_digest(package_dir)
