@@ -8,13 +8,32 @@ depend on that group alone, so a row's do not depend on the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from swa_bench.kernels import quant
 from swa_bench.kernels.config import Kernels
 from swa_bench.kernels.launch import launch
 
-FORMATS = ("e4m3", "e2m1", "e2m1-e4m3-scale")
+
+@dataclass(frozen=True)
+class GroupFormat:
+    """One of the release's group formats: the kernel's format code (``triton_quant``), the
+    group size, and the PyTorch function that defines its bits."""
+
+    code: str
+    group: int
+    reference: Callable[[torch.Tensor], torch.Tensor]
+
+
+FORMATS = {
+    "e4m3": GroupFormat("E4M3", quant.ACT_GROUP, quant.act_quant),
+    "e2m1": GroupFormat("E2M1", quant.FP4_GROUP, quant.fp4_act_quant),
+    "e2m1-e4m3-scale": GroupFormat("E2M1_E4M3_SCALE", quant.KV_FP4_GROUP,
+                                   quant.fp4_act_quant_e4m3_scale),
+}
 BLOCK_ELEMENTS = 4096  # elements a program holds: 128 groups of 32
 
 
@@ -24,44 +43,32 @@ def fused_group_quant(kernels: Kernels, x: torch.Tensor) -> bool:
     return x.is_floating_point() and x.is_contiguous() and kernels.inference(x)
 
 
-def group_quant(kernels: Kernels, x: torch.Tensor, fmt: str, group: int) -> torch.Tensor:
-    """``x``'s stored values in its dtype: each ``group`` consecutive elements of a row in
-    ``fmt`` ("e4m3" and "e2m1" with UE8M0 scales, "e2m1-e4m3-scale" with an e4m3 one)."""
+def group_quant(kernels: Kernels, x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x``'s stored values in its dtype, in one launch: each group of consecutive elements of
+    a row in ``fmt`` ("e4m3" and "e2m1" with UE8M0 scales, "e2m1-e4m3-scale" with an e4m3 one)."""
     from swa_bench.kernels import triton_quant
 
     if fmt not in FORMATS:
-        raise ValueError(f"group_quant: format must be one of {FORMATS}, got {fmt!r}")
-    if x.shape[-1] % group:
-        raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the group {group}")
-    code = {"e4m3": triton_quant.E4M3, "e2m1": triton_quant.E2M1,
-            "e2m1-e4m3-scale": triton_quant.E2M1_E4M3_SCALE}[fmt]
+        raise ValueError(f"group_quant: format must be one of {list(FORMATS)}, got {fmt!r}")
+    spec = FORMATS[fmt]
+    if x.shape[-1] % spec.group:
+        raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of the group "
+                         f"{spec.group}")
     y = torch.empty_like(x)
-    n_groups = x.numel() // group
+    n_groups = x.numel() // spec.group
     if n_groups == 0:
         return y
-    block_g = max(1, BLOCK_ELEMENTS // group)
+    block_g = max(1, BLOCK_ELEMENTS // spec.group)
     launch(triton_quant.group_quant_kernel, (-(-n_groups // block_g),),
-           x, y, n_groups, GROUP=group, BLOCK_G=block_g, FORMAT=code.value,
+           x, y, n_groups, GROUP=spec.group, BLOCK_G=block_g,
+           FORMAT=getattr(triton_quant, spec.code).value,
            direct=kernels.direct_launch, num_warps=4)
     return y
 
 
-def act_quant(kernels: Kernels, x: torch.Tensor) -> torch.Tensor:
-    """``quant.act_quant(x)``, fused where ``fused_group_quant`` allows."""
+def quantise(kernels: Kernels, x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``FORMATS[fmt].reference(x)``'s bits: the fused kernel where ``fused_group_quant``
+    allows, else the PyTorch function itself."""
     if fused_group_quant(kernels, x):
-        return group_quant(kernels, x, "e4m3", quant.ACT_GROUP)
-    return quant.act_quant(x)
-
-
-def fp4_act_quant(kernels: Kernels, x: torch.Tensor) -> torch.Tensor:
-    """``quant.fp4_act_quant(x)``, fused where ``fused_group_quant`` allows."""
-    if fused_group_quant(kernels, x):
-        return group_quant(kernels, x, "e2m1", quant.FP4_GROUP)
-    return quant.fp4_act_quant(x)
-
-
-def fp4_act_quant_e4m3_scale(kernels: Kernels, x: torch.Tensor) -> torch.Tensor:
-    """``quant.fp4_act_quant_e4m3_scale(x)``, fused where ``fused_group_quant`` allows."""
-    if fused_group_quant(kernels, x):
-        return group_quant(kernels, x, "e2m1-e4m3-scale", quant.KV_FP4_GROUP)
-    return quant.fp4_act_quant_e4m3_scale(x)
+        return group_quant(kernels, x, fmt)
+    return FORMATS[fmt].reference(x)

@@ -70,7 +70,7 @@ def quantised_gemm(args: ModelArgs) -> str:
 
 def linear_input(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
     """The input of one of the reference's fp8 Linears as ``fp8_gemm`` reads it."""
-    return group_quant.act_quant(active_kernels(), x) if is_fp8(args) else x
+    return group_quant.quantise(active_kernels(), x, "e4m3") if is_fp8(args) else x
 
 
 def expert_input(args: ModelArgs, x: torch.Tensor,
@@ -79,24 +79,22 @@ def expert_input(args: ModelArgs, x: torch.Tensor,
     "w4a16". ``quantised``: ``linear_input(args, x)`` when the caller has it (reused)."""
     if not (is_fp8(args) and args.expert_precision == "w4a8"):
         return x
-    return group_quant.act_quant(active_kernels(), x) if quantised is None else quantised
+    return group_quant.quantise(active_kernels(), x, "e4m3") if quantised is None else quantised
 
 
 def window_kv(args: ModelArgs, kv: torch.Tensor) -> torch.Tensor:
     """The window K=V latent as stored and read (post-RoPE): fp8 per 32."""
-    return group_quant.act_quant(active_kernels(), kv) if is_fp8(args) else kv
+    return group_quant.quantise(active_kernels(), kv, "e4m3") if is_fp8(args) else kv
 
 
 def compressed_kv(args: ModelArgs, kv: torch.Tensor) -> torch.Tensor:
     """A compressed KV group as stored and read (post-RoPE): fp4 per 16, e4m3 scales."""
-    if not is_fp8(args):
-        return kv
-    return group_quant.fp4_act_quant_e4m3_scale(active_kernels(), kv)
+    return group_quant.quantise(active_kernels(), kv, "e2m1-e4m3-scale") if is_fp8(args) else kv
 
 
 def index_vectors(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:
     """The indexer's queries or keys (post-RoPE): fp4 per 32, UE8M0 scales."""
-    return group_quant.fp4_act_quant(active_kernels(), x) if is_fp8(args) else x
+    return group_quant.quantise(active_kernels(), x, "e2m1") if is_fp8(args) else x
 
 
 def weight_format(name: str) -> str | None:

@@ -66,7 +66,7 @@ def test_random_rows_match_the_pytorch_functions(interpreter, fmt, group, refere
     """2-D and 3-D, a group count that leaves the last program partly masked."""
     for shape in ((5, 4 * group), (3, 2, 7 * group)):
         x = wide_rows(shape, dtype, seed=group + len(shape))
-        assert_same_bits(gq.group_quant(TRITON, x, fmt, group), reference(x))
+        assert_same_bits(gq.group_quant(TRITON, x, fmt), reference(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -74,32 +74,35 @@ def test_random_rows_match_the_pytorch_functions(interpreter, fmt, group, refere
 def test_ties_zeros_floors_and_saturation_match(interpreter, fmt, group, reference, dtype):
     amax, ties = (448.0, E4M3_TIES) if fmt == "e4m3" else (6.0, E2M1_TIES)
     x = edge_rows(group, amax, ties, dtype)
-    got = gq.group_quant(TRITON, x, fmt, group)
+    got = gq.group_quant(TRITON, x, fmt)
     assert_same_bits(got, reference(x))
     assert bits(got[-3]).ne(0).all() and got[-3].eq(0).all()  # -0.0 stays -0.0
 
 
-def test_the_wrappers_take_the_kernel_only_where_it_applies(monkeypatch):
+def test_quantise_takes_the_kernel_only_where_it_applies(monkeypatch):
     calls = []
     real = gq.group_quant
     monkeypatch.setattr(gq, "group_quant", lambda *a: calls.append(a[2]) or real(*a))
     x = wide_rows((2, 64), torch.float32, seed=1)
     torch_kernels = Kernels("torch")
-    for fn, reference in ((gq.act_quant, quant.act_quant), (gq.fp4_act_quant, quant.fp4_act_quant),
-                          (gq.fp4_act_quant_e4m3_scale, quant.fp4_act_quant_e4m3_scale)):
-        assert_same_bits(fn(torch_kernels, x), reference(x))  # the PyTorch backend
-        assert_same_bits(fn(TRITON, x.t().contiguous().t()), reference(x))  # not contiguous
+    assert sorted(gq.FORMATS) == sorted(fmt for fmt, _, _ in FORMATS)
+    for fmt, _, reference in FORMATS:
+        assert_same_bits(gq.quantise(torch_kernels, x, fmt), reference(x))  # PyTorch backend
+        assert_same_bits(gq.quantise(TRITON, x.t().contiguous().t(), fmt), reference(x))  # strided
         with torch.enable_grad():  # a gradient wanted: the kernel has no backward
             wanted = x.clone().requires_grad_()
-            assert torch.equal(fn(TRITON, wanted).detach(), reference(x))
+            assert torch.equal(gq.quantise(TRITON, wanted, fmt).detach(), reference(x))
     assert calls == []
-    assert_same_bits(gq.act_quant(TRITON, x), quant.act_quant(x))
-    assert calls == ["e4m3"]
+    for fmt, _, reference in FORMATS:
+        assert_same_bits(gq.quantise(TRITON, x, fmt), reference(x))
+    assert calls == [fmt for fmt, _, _ in FORMATS]
 
 
 def test_a_width_its_group_does_not_divide_is_refused():
     with pytest.raises(ValueError, match="not a multiple of the group 32"):
-        gq.group_quant(TRITON, torch.ones(2, 48), "e4m3", 32)
+        gq.group_quant(TRITON, torch.ones(2, 48), "e4m3")
+    with pytest.raises(ValueError, match="format must be one of"):
+        gq.group_quant(TRITON, torch.ones(2, 32), "e5m2")
 
 
 @pytest.mark.cuda
@@ -109,15 +112,15 @@ def test_compiled_kernel_matches_and_replays_in_a_cuda_graph(fmt, group, referen
     graph, replayed on new values in the same buffer."""
     kernels = Kernels("triton")
     x = wide_rows((16384, 5120), torch.bfloat16, seed=group).cuda()
-    assert_same_bits(gq.group_quant(kernels, x, fmt, group), reference(x))
+    assert_same_bits(gq.group_quant(kernels, x, fmt), reference(x))
     edges = edge_rows(group, 448.0 if fmt == "e4m3" else 6.0,
                       E4M3_TIES if fmt == "e4m3" else E2M1_TIES, torch.float32).cuda()
-    assert_same_bits(gq.group_quant(kernels, edges, fmt, group), reference(edges))
+    assert_same_bits(gq.group_quant(kernels, edges, fmt), reference(edges))
     static = x[:256].clone()
-    gq.group_quant(kernels, static, fmt, group)  # compiled before capture
+    gq.group_quant(kernels, static, fmt)  # compiled before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = gq.group_quant(kernels, static, fmt, group)
+        out = gq.group_quant(kernels, static, fmt)
     static.copy_(x[256:512])
     graph.replay()
     torch.cuda.synchronize()
