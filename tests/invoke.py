@@ -1,11 +1,12 @@
-"""The two entry points run inside the test process, answering as a subprocess would.
+"""The entry points run inside the test process, answering as a subprocess would.
 
 ``swa_bench`` drives the typer app through its own ``main`` (the one-line error mapping, the
-``sys.exit`` codes) and ``trainer`` calls ``swa_bench.train.__main__.main``: no interpreter start
-and no torch import per case. Each gives an ``Outcome`` shaped like ``CompletedProcess``, so the
-same assertions serve both; an exception that escapes the entry point fails the test (it would be
-a traceback from the real interpreter). What needs a fresh interpreter (a memory or time limit,
-signals, a closed pipe, argv of ``python -m``) stays a subprocess in the modules that use these.
+``sys.exit`` codes); ``trainer`` and ``evaluator`` call the training commands' ``main``: no
+interpreter start and no torch import per case. Each gives an ``Outcome`` shaped like
+``CompletedProcess``, so the same assertions serve both; an exception that escapes the entry
+point fails the test (it would be a traceback from the real interpreter). What needs a fresh
+interpreter (a memory or time limit, signals, a closed pipe, argv of ``python -m``) stays a
+subprocess in the modules that use these.
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ def trainer(cwd: Path, *argv: str) -> Outcome:
     """``python -m swa_bench.train ARGV`` in this process, run from ``cwd``."""
     from swa_bench.train.__main__ import main
 
+    return _call(main, cwd, argv)
+
+
+def evaluator(cwd: Path, *argv: str) -> Outcome:
+    """``python -m swa_bench.train.evaluate ARGV`` in this process, run from ``cwd``."""
+    from swa_bench.train.evaluate import main
+
+    return _call(main, cwd, argv)
+
+
+def _call(main, cwd: Path, argv: tuple[str, ...]) -> Outcome:
     out, err = io.StringIO(), io.StringIO()
     with _inside(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

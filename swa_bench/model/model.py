@@ -277,6 +277,12 @@ class Transformer(nn.Module):
 FP32_PARAMETERS = ("head.weight",)  # `ParallelHead`: the logits come out in fp32 directly
 
 
+def keeps_fp32(name: str) -> bool:
+    """Whether the reference keeps parameter ``name`` fp32 in a model of any dtype (the head's,
+    mHC's ``hc_*``)."""
+    return name in FP32_PARAMETERS or name.rsplit(".", 1)[-1].startswith("hc_")
+
+
 # The aux-free routing bias: a few times smaller than the spread of the seeded scores (about 0.3),
 # so it changes some choices, not most.
 GATE_BIAS_STD = 0.1
@@ -307,7 +313,7 @@ def materialize(model: Transformer, dtype: torch.dtype, device: torch.device) ->
     reference keeps fp32 in any dtype (mHC's, the head's): no fp32 copy of the rest is made."""
     model = model.to(dtype)
     for name, p in model.named_parameters():
-        if name in FP32_PARAMETERS or name.rsplit(".", 1)[-1].startswith("hc_"):
+        if keeps_fp32(name):
             p.data = p.data.float()
     return model.to_empty(device=device)
 

@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from swa_bench.model.args import ModelArgs
-from swa_bench.model.model import Transformer
+from swa_bench.model.model import Transformer, keeps_fp32
 from swa_bench.model.precision import quantise_weights
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -37,8 +37,36 @@ def resolve(name: str, base: Path | None = None) -> Path:
     return path if path.is_absolute() or base is None else base / path
 
 
-def save_weights(model: Transformer, path: Path, metadata: dict[str, str] | None = None) -> None:
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+# Shipped checkpoints store their matrices (parameters of two or more dims: projections,
+# experts, embeddings, Engram tables) in bf16, as a bf16 model holds them, and the rest as
+# trained: vectors (norms, biases, sinks: a few thousand numbers that set scales and choose
+# experts) and what the reference keeps fp32 in any dtype (the head, mHC's; ``keeps_fp32``).
+STORED_MATRIX_DTYPE = torch.bfloat16
+
+
+def stored_dtype(name: str, t: torch.Tensor) -> torch.dtype:
+    """The dtype a compact checkpoint stores parameter ``name`` in."""
+    if t.dim() >= 2 and t.is_floating_point() and not keeps_fp32(name):
+        return STORED_MATRIX_DTYPE
+    return t.dtype
+
+
+@torch.no_grad()
+def round_for_storage(model: Transformer) -> None:
+    """Rounds ``model``'s parameters in place to the values ``save_weights(..., compact=True)``
+    stores (their dtype stays): figures measured after this are the stored checkpoint's."""
+    for name, p in model.named_parameters():
+        if (dtype := stored_dtype(name, p)) != p.dtype:
+            p.copy_(p.to(dtype))
+
+
+def save_weights(model: Transformer, path: Path, metadata: dict[str, str] | None = None, *,
+                 compact: bool = False) -> None:
+    """Every tensor of ``model``'s state by name, the model arguments in the metadata;
+    ``compact``: matrices in ``STORED_MATRIX_DTYPE`` (call ``round_for_storage`` first to
+    measure what is stored)."""
+    tensors = {k: v.detach().to("cpu", stored_dtype(k, v) if compact else v.dtype).contiguous()
+               for k, v in model.state_dict().items()}
     meta = {"model_args": json.dumps(dataclasses.asdict(model.args)), **(metadata or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=meta)

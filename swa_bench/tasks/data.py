@@ -1,7 +1,11 @@
 """Training and evaluation data, generated from a seed: no downloads.
 
 Text is the Python standard library's own source (present wherever Python is), byte-level: one
-token per ASCII byte. Files are split into training and held-out text by a hash of their path.
+token per ASCII byte. Files are split into training and held-out text by a hash of their name.
+Training reads the running Python's library; the held-out text is shipped
+(``held_out.txt.gz``, made from Python 3.11.7's by ``python -m swa_bench.tasks.data``), because
+the library differs between Python versions and a held-out figure (the trained model's card, the
+test that reproduces it) must read the same bytes on every machine.
 Bytes 0-3 and 128-255 never occur in that text and carry the synthetic tasks:
 
 * **recall** (needs global KV): ``FACT key value`` placed far back, distractor facts with other
@@ -12,6 +16,8 @@ Bytes 0-3 and 128-255 never occur in that text and carry the synthetic tasks:
 
 from __future__ import annotations
 
+import gzip
+import sys
 import sysconfig
 import zlib
 from collections.abc import Sequence
@@ -28,6 +34,7 @@ SYMBOLS = range(224, 256)
 VOCAB = 256
 TEXT_BYTES = 4 << 20  # training text read, in bytes (the held-out share is a tenth of that)
 ANSWER_WEIGHT = 4.0  # training loss weight of a task's answer tokens
+HELD_OUT_FILE = Path(__file__).with_name("held_out.txt.gz")
 
 
 def stdlib_files() -> list[Path]:
@@ -47,9 +54,9 @@ def ascii_text(data: bytes) -> bytes:
     return data.replace(b"\t", b" ").translate(None, bytes(set(range(256)) - set(keep)))
 
 
-@cache
-def corpus(split: str) -> torch.Tensor:
-    """The split's text as one uint8 tensor (``"train"`` or ``"held_out"``)."""
+def stdlib_text(split: str) -> bytes:
+    """The running Python's library text of ``split`` (``"train"`` or ``"held_out"``): its
+    files in path order, printable ASCII, cut at the split's budget."""
     budget = TEXT_BYTES if split == "train" else TEXT_BYTES // 10
     chunks, size = [], 0
     for path in stdlib_files():
@@ -60,7 +67,20 @@ def corpus(split: str) -> torch.Tensor:
         size += len(text)
         if size >= budget:
             break
-    return torch.frombuffer(bytearray(b"".join(chunks)[:budget]), dtype=torch.uint8).long()
+    return b"".join(chunks)[:budget]
+
+
+@cache
+def corpus(split: str) -> torch.Tensor:
+    """The split's text as one uint8 tensor: ``"train"`` from the running Python's library,
+    ``"held_out"`` from the shipped file (the same bytes everywhere)."""
+    if split == "held_out":
+        raw = gzip.decompress(HELD_OUT_FILE.read_bytes())
+    elif split == "train":
+        raw = stdlib_text("train")
+    else:
+        raise ValueError(f"split {split!r}: train or held_out")
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
 
 
 def text_window(text: torch.Tensor, length: int, g: torch.Generator) -> torch.Tensor:
@@ -155,3 +175,13 @@ def training_batch(batch: int, length: int, window: int, g: torch.Generator, *,
             w[q + 1] = ANSWER_WEIGHT
         tokens[i] = seq
     return tokens, weights
+
+
+def write_held_out() -> None:
+    """Writes ``HELD_OUT_FILE`` from this Python's library (deterministic gzip: no time stamp)."""
+    HELD_OUT_FILE.write_bytes(gzip.compress(stdlib_text("held_out"), compresslevel=9, mtime=0))
+
+
+if __name__ == "__main__":
+    write_held_out()
+    print(f"wrote {HELD_OUT_FILE} from Python {sys.version.split()[0]}'s library")

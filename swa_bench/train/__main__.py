@@ -3,8 +3,9 @@
     python -m swa_bench.train --device cuda --out swa_bench/checkpoints/v41-mini.safetensors
 
 prints the loss every 50 steps, then the held-out loss and task accuracy under a full prefill,
-and writes the checkpoint (safetensors, the training settings in its metadata) and a card
-(``<out>.md``) beside it.
+and writes the checkpoint (safetensors, matrices in bf16, the training settings in its metadata)
+and a card (``<out>.md``) beside it. The figures are measured after rounding the weights to what
+is stored, so they are the shipped file's.
 
 Everything that could fail is checked before the first step (one line on stderr, exit 2, nothing
 written): every option's range, the device (known to torch and present), the step's memory
@@ -25,20 +26,13 @@ from pathlib import Path
 import torch
 
 from swa_bench.engine.device_memory import free_bytes
-from swa_bench.model.weights import save_weights
+from swa_bench.model.weights import round_for_storage, save_weights
 from swa_bench.train.card import card_path, card_text
 from swa_bench.train.loop import TrainConfig, evaluate, train
 from swa_bench.train.outputs import OutputError, claim, publish
+from swa_bench.train.parser import OneLineParser
 
 MAX_EVAL_PROMPTS = 10_000  # per measure; the figures are shares printed to two decimals
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments are one line on stderr and exit 2 (no usage block, nothing written)."""
-
-    def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: {message}\n")
-        sys.exit(2)
 
 
 def length_warmup(text: str) -> tuple[tuple[int, int], ...]:
@@ -79,7 +73,7 @@ def _size(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     default = TrainConfig()
-    p = _Parser(prog="python -m swa_bench.train", description=__doc__,
+    p = OneLineParser(prog="python -m swa_bench.train", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=default.seed)
     p.add_argument("--steps", type=int, default=default.steps)
@@ -128,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{p.prog}: interrupted; nothing written\n")
         return 130
     seconds = time.perf_counter() - start
+    round_for_storage(model)  # the figures are the stored checkpoint's
     distances = tuple(d for d in (8, 32, 128, 240) if d < cfg.seq_len - 4)
     figures = evaluate(model, prompts=a.eval_prompts, length=cfg.seq_len, distances=distances)
     print(f"trained {cfg.steps} steps in {seconds:.1f}s on {cfg.device}")
@@ -138,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                 "train_seconds": f"{seconds:.1f}"}
         try:
             outputs = claim(a.out, overwrite=a.overwrite)  # again: minutes have passed
-            publish(outputs.checkpoint, lambda tmp: save_weights(model, tmp, meta),
+            publish(outputs.checkpoint, lambda tmp: save_weights(model, tmp, meta, compact=True),
                     overwrite=outputs.overwrite)
-            text = card_text(cfg, figures, history, seconds, a.out)
+            text = card_text(cfg, figures, history, seconds, a.out, a.eval_prompts)
             publish(outputs.card, lambda tmp: tmp.write_text(text, encoding="utf-8"),
                     overwrite=outputs.overwrite)
         except OutputError as err:

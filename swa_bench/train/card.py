@@ -21,7 +21,7 @@ def card_path(checkpoint: Path) -> Path:
 
 
 def card_text(cfg: TrainConfig, figures: Figures, history: list[dict], seconds: float,
-              path: Path) -> str:
+              path: Path, prompts: int) -> str:
     args = cfg.args
     n_params = sum(t.numel() for t in _shapes(cfg))
     every = max(1, len(history) // 8)
@@ -44,8 +44,10 @@ S = {args.last_kv_source}, a decoder of {args.n_decoder_layers} layers; window W
 sparse attention (indexer top-{args.index_topk}, index sources {args.index_source_list()}),
 {args.n_routed_experts} routed experts top-{args.n_activated_experts} + {args.n_shared_experts}
 shared (storage pooled x{args.expert_weight_pools}), mHC x{args.hc_mult}.
-{n_params / 1e6:.2f} M parameters, fp32: {path.stat().st_size / 1e6 if path.exists() else
-n_params * 4 / 1e6:.1f} MB of safetensors. It is not V4.1: it is V4.1's structure at a size
+{n_params / 1e6:.2f} M parameters, trained in fp32 and stored with its matrices in bf16 (the
+rest, vectors, the head and mHC's, as trained: `weights.round_for_storage`; every figure below is
+the stored model's): {path.stat().st_size / 1e6 if path.exists() else n_params * 2 / 1e6:.1f} MB of
+safetensors. It is not V4.1: it is V4.1's structure at a size
 that trains in minutes, to show the direction and size of bounded replay's effect on a model
 that has learned to use both kinds of context.
 
@@ -73,7 +75,10 @@ learned no recall.
 Loss by step: {curve}.
 
 **Held-out figures under a full prefill** (prompts of {cfg.seq_len} tokens,
-`swa_bench.train.loop.evaluate`): text loss **{figures.held_out_loss:.3f} nats/byte**; recall
+`swa_bench.train.loop.evaluate`, on the shipped held-out text `swa_bench/tasks/held_out.txt.gz`;
+`python -m swa_bench.train.evaluate {path.stem}` prints them again): the held-out loss over
+{prompts} windows of {cfg.seq_len} bytes, text loss **{figures.held_out_loss:.3f} nats/byte**
+(a test reproduces it on CPU); recall
 accuracy by distance of the fact from the last token (chance 1/64 for a value, 1/3 for a
 guess among the prompt's three facts), the share of recall answers that are some fact's value
 (right or not: the facts were found), and copy accuracy (chance 1/32):
