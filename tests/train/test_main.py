@@ -6,6 +6,7 @@ against, signals, a real run), run as a user would: a subprocess under a time an
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -17,6 +18,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from swa_bench.model.model import build_model
+from swa_bench.model.weights import load_weights
+from swa_bench.train.loop import EVAL_SEED, TrainConfig, held_out_loss, held_out_windows
 from tests import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,6 +179,13 @@ def test_a_run_writes_checkpoint_and_card_apart_and_overwrite_replaces_both(tmp_
     assert card.startswith("# tiny: a small trained") and "--seed 0 --steps 2" in card
     with safe_open(str(out), framework="pt") as f:  # a checkpoint, not a card over it
         assert '"seed": 0' in f.metadata()["train_config"]
+        figures = json.loads(f.metadata()["figures"])
+        assert f.get_slice("layers.0.attn.wkv.weight").get_dtype() == "BF16"
+    # the figures are the stored weights': measured again from the file, to the bit
+    model, _ = build_model(TrainConfig().args)
+    load_weights(model, out)
+    g = torch.Generator().manual_seed(EVAL_SEED)
+    assert held_out_loss(model, held_out_windows(1, 64, g)) == figures["held_out_loss"]
     old = out.read_bytes()
 
     refused = invoke.trainer(tmp_path, *TINY, "--out", "runs/tiny.safetensors", "--seed", "1")
