@@ -29,9 +29,14 @@ def test_python_scripts_compile(script, tmp_path):
 @pytest.mark.parametrize("script, env, args, expect", [
     ("graph_probe_gpu.py", "GRAPH_PROBE_DRY", ["mem-64k"], "| replay |"),
     ("host_profile_gpu.py", "HOST_PROFILE_DRY", [], "| function (32 tokens"),
+    ("fp8_gemm_gpu.py", "FP8_GEMM_DRY", ["tiles"], "| fp8 grouped 16x32,4,1 |"),
 ])
 def test_probe_dry_runs(script, env, args, expect):
+    """This checkout's package first on the path: an editable install elsewhere (another
+    worktree's) must not be what the script runs against."""
+    path = os.pathsep.join(p for p in (str(SCRIPTS.parent), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
-                          text=True, env={**os.environ, env: "1"}, timeout=300)
+                          text=True, env={**os.environ, env: "1", "PYTHONPATH": path},
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert expect in done.stdout

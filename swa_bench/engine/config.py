@@ -30,7 +30,8 @@ GRAPH_MODES: tuple[GraphMode, ...] = ("eager", "piecewise", "full")
 
 # Where each kernel setting's default is read from: the A/B switches of a shell.
 KERNEL_VARIABLES = {"backend": "SWA_BENCH_KERNELS", "tile": "SWA_BENCH_MQA_TILE",
-                    "launch": "SWA_BENCH_TRITON_LAUNCH"}
+                    "launch": "SWA_BENCH_TRITON_LAUNCH",
+                    "quantised_gemm": "SWA_BENCH_QUANTISED_GEMM"}
 
 
 def kernel_settings_from_environment(environ: Mapping[str, str] | None = None) -> KernelSettings:

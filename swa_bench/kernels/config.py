@@ -21,6 +21,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 BACKENDS = ("torch", "triton")
 LAUNCH_MODES = ("direct", "triton")
+# How precision fp8's fp8 Linears multiply: bf16 GEMMs of the stored values (the default, what
+# every figure so far ran), or the fp8 tensor-core kernel (``kernels.fp8_gemm``, Triton backend).
+QUANTISED_GEMMS = ("bf16", "fp8")
 
 
 @functools.cache
@@ -130,11 +133,14 @@ class KernelSettings:
     """What a user asks for: ``backend`` auto (Triton on CUDA when it imports, else PyTorch),
     torch or triton; ``tile`` the attention kernel's (None: the measured defaults per kind of
     sources and dtype); ``launch`` how compiled Triton kernels are called (``direct``, or
-    ``triton``: Triton's own path, the A/B switch)."""
+    ``triton``: Triton's own path, the A/B switch); ``quantised_gemm`` how precision fp8's fp8
+    Linears multiply (``bf16``: GEMMs of the stored values; ``fp8``: ``kernels.fp8_gemm``, which
+    needs the Triton backend)."""
 
     backend: str = "auto"
     tile: TileConfig | None = None
     launch: str = "direct"
+    quantised_gemm: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", *BACKENDS):
@@ -143,13 +149,17 @@ class KernelSettings:
         if self.launch not in LAUNCH_MODES:
             raise ValueError(f"launch: must be one of {', '.join(LAUNCH_MODES)}, "
                              f"got {self.launch!r}")
+        if self.quantised_gemm not in QUANTISED_GEMMS:
+            raise ValueError(f"quantised_gemm: must be one of {', '.join(QUANTISED_GEMMS)}, "
+                             f"got {self.quantised_gemm!r}")
 
     @classmethod
-    def parse(cls, backend: str = "", tile: str = "", launch: str = "", *,
-              names: Mapping[str, str] | None = None) -> KernelSettings:
+    def parse(cls, backend: str = "", tile: str = "", launch: str = "", quantised_gemm: str = "",
+              *, names: Mapping[str, str] | None = None) -> KernelSettings:
         """From text, blank fields at their defaults; a malformed field is refused in one line
         that starts with its name (``names`` maps a field to where it was written)."""
-        names = {"backend": "backend", "tile": "tile", "launch": "launch", **(names or {})}
+        names = {"backend": "backend", "tile": "tile", "launch": "launch",
+                 "quantised_gemm": "quantised_gemm", **(names or {})}
         chosen = backend.strip().lower()
         if chosen and chosen not in ("auto", *BACKENDS):
             raise ValueError(f"{names['backend']}: must be one of auto, {', '.join(BACKENDS)}, "
@@ -158,12 +168,17 @@ class KernelSettings:
         if mode not in LAUNCH_MODES:
             raise ValueError(f"{names['launch']}: must be one of {', '.join(LAUNCH_MODES)}, "
                              f"got {launch!r}")
+        gemm = quantised_gemm.strip().lower() or "bf16"
+        if gemm not in QUANTISED_GEMMS:
+            raise ValueError(f"{names['quantised_gemm']}: must be one of "
+                             f"{', '.join(QUANTISED_GEMMS)}, got {quantised_gemm!r}")
         parsed = TileConfig.parse(tile.strip(), names["tile"]) if tile.strip() else None
-        return cls(chosen or "auto", parsed, mode)
+        return cls(chosen or "auto", parsed, mode, gemm)
 
     def resolve(self, device_type: str, interpret: bool) -> Kernels:
         """The kernels an engine on ``device_type`` runs; a triton backend must be runnable
-        there (CUDA, or Triton's interpreter, and the triton package)."""
+        there (CUDA, or Triton's interpreter, and the triton package), and the fp8 GEMM needs
+        it: asked for on the PyTorch path it is refused, never silently dropped."""
         runnable = triton_available() and (device_type == "cuda" or interpret)
         if self.backend == "triton" and not runnable:
             raise ValueError("kernels: backend triton needs CUDA (or TRITON_INTERPRET=1) and the "
@@ -172,24 +187,34 @@ class KernelSettings:
             backend = "triton" if runnable and device_type == "cuda" else "torch"
         else:
             backend = self.backend
-        return Kernels(backend, self.tile, self.launch, interpret)
+        if self.quantised_gemm == "fp8" and backend != "triton":
+            raise ValueError(f"kernels: quantised_gemm fp8 needs the triton backend, and "
+                             f"{self.backend} resolves to {backend} on {device_type}")
+        return Kernels(backend, self.tile, self.launch, interpret, self.quantised_gemm)
 
 
 @dataclass(frozen=True)
 class Kernels:
     """The resolved choice, bound once per engine and read by every fused call site through the
-    forward context: which implementation runs, the attention tile, the launch path, and
-    whether Triton interprets (CPU tensors; its dot precision then differs)."""
+    forward context: which implementation runs, the attention tile, the launch path,
+    whether Triton interprets (CPU tensors; its dot precision then differs), and how precision
+    fp8's fp8 Linears multiply (``fp8_linears``). Recorded per case through
+    ``model.precision.quantised_gemm``."""
 
     backend: str = "torch"
     tile: TileConfig | None = None
     launch: str = "direct"
     interpret: bool = False
+    quantised_gemm: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS or self.launch not in LAUNCH_MODES:
             raise ValueError(f"Kernels: backend {self.backend!r} or launch {self.launch!r} "
                              f"is not one of {BACKENDS} / {LAUNCH_MODES}")
+        if self.quantised_gemm not in QUANTISED_GEMMS or (
+                self.quantised_gemm == "fp8" and not self.triton):
+            raise ValueError(f"Kernels: quantised_gemm {self.quantised_gemm!r} is not one of "
+                             f"{QUANTISED_GEMMS}, or fp8 without the triton backend")
 
     @property
     def triton(self) -> bool:
@@ -216,6 +241,11 @@ class Kernels:
         if self.interpret:
             return "interpret"
         return "ieee" if dtype == torch.float32 else "tf32"
+
+    def fp8_linears(self, *tensors: torch.Tensor) -> bool:
+        """Whether precision fp8's fp8 Linears on these tensors run ``kernels.fp8_gemm``: chosen,
+        and the inference kernels take them (no gradient wanted: the kernel has no backward)."""
+        return self.quantised_gemm == "fp8" and self.inference(*tensors)
 
     @property
     def direct_launch(self) -> bool:

@@ -81,12 +81,20 @@ def _grouped(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.float().unflatten(-1, (-1, group))
 
 
+def act_quant_parts(x: torch.Tensor, group: int = ACT_GROUP
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``act_quant``'s two parts, fp32: the e4m3 codes ``[..., n / group, group]`` and each
+    group's UE8M0 scale ``[..., n / group, 1]`` (what ``fp8_gemm`` reads)."""
+    g = _grouped(x, group)
+    s = ue8m0_scale(g.abs().amax(-1, keepdim=True), E4M3_MAX, ACT_AMAX_FLOOR)
+    return round_e4m3(g / s), s
+
+
 def act_quant(x: torch.Tensor, group: int = ACT_GROUP) -> torch.Tensor:
     """Activations as the fp8 and fp4 GEMMs read them, and the window KV as stored: e4m3 per
     ``group`` elements of a row, UE8M0 (``act_quant(x, 32, "ue8m0")``)."""
-    g = _grouped(x, group)
-    s = ue8m0_scale(g.abs().amax(-1, keepdim=True), E4M3_MAX, ACT_AMAX_FLOOR)
-    return (round_e4m3(g / s) * s).flatten(-2).to(x.dtype)
+    codes, s = act_quant_parts(x, group)
+    return (codes * s).flatten(-2).to(x.dtype)
 
 
 def fp4_act_quant(x: torch.Tensor, group: int = FP4_GROUP) -> torch.Tensor:

@@ -83,6 +83,14 @@ def _with_sign(magnitude, x):
 
 
 @triton.jit
+def _e4m3_groups(x):
+    """``act_quant`` of fp32 groups ``x [G, GROUP]``: the e4m3 codes and each group's scale."""
+    s = _pow2_ceil(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) * INV_448)
+    v = tl.minimum(tl.maximum(x * _reciprocal_pow2(s)[:, None], -448.0), 448.0)
+    return _with_sign(_e4m3_magnitude(tl.abs(v)), v), s
+
+
+@triton.jit
 def group_quant_kernel(X, Y, n_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                        FORMAT: tl.constexpr):
     """``BLOCK_G`` consecutive groups of ``GROUP`` elements of the contiguous ``X``, their stored
@@ -93,9 +101,7 @@ def group_quant_kernel(X, Y, n_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexp
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     if FORMAT == E4M3:
-        s = _pow2_ceil(tl.maximum(amax, 1e-4) * INV_448)
-        v = tl.minimum(tl.maximum(x * _reciprocal_pow2(s)[:, None], -448.0), 448.0)
-        q = _with_sign(_e4m3_magnitude(tl.abs(v)), v)
+        q, s = _e4m3_groups(x)
     elif FORMAT == E2M1:
         s = _pow2_ceil(tl.maximum(amax, 6.0 * 2.0**-126) * INV_6)
         v = x * _reciprocal_pow2(s)[:, None]
@@ -105,3 +111,16 @@ def group_quant_kernel(X, Y, n_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexp
         v = tl.math.div_rn(x, s[:, None])
         q = _with_sign(_e2m1_magnitude(tl.abs(v)), v)
     tl.store(Y + offs, (q * s[:, None]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def e4m3_codes_kernel(X, Q, S, n_groups, GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """``E4M3``'s two parts for ``fp8_gemm``: each group's e4m3 codes to ``Q`` (fp8: each code
+    is on the grid, so the conversion is exact) and its UE8M0 scale's byte to ``S``."""
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = (g < n_groups)[:, None]
+    q, s = _e4m3_groups(tl.load(X + offs, mask=mask, other=0.0).to(tl.float32))
+    tl.store(Q + offs, q.to(Q.dtype.element_ty), mask=mask)
+    exp = (s.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    tl.store(S + g, exp.to(tl.uint8), mask=g < n_groups)

@@ -30,7 +30,7 @@ from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.hyper_connection import Streams, add_mix_parameters
 from swa_bench.model.moe import MoE, RoutedExperts
 from swa_bench.model.norm import RMSNorm
-from swa_bench.model.precision import linear_input, window_kv
+from swa_bench.model.precision import fp8_linear, linear_input, window_kv
 from swa_bench.model.rope import RopeSpec, apply_rope
 
 
@@ -64,7 +64,7 @@ class DraftAttention(nn.Module):
 
     def main_kv(self, main_x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         args = self.args
-        kv = self.kv_norm(self.wkv(linear_input(args, main_x)))
+        kv = self.kv_norm(fp8_linear(args, self.wkv, linear_input(args, main_x)))
         kv = apply_rope(kv, positions, RopeSpec.for_layer(args, args.n_layers), inplace=True)
         return window_kv(args, kv)
 
@@ -106,7 +106,8 @@ class DSpark(nn.Module):
         it masks the decoder's; elsewhere the context's rows)."""
         ctx = get_forward_context()
         first = self.mtp[0]
-        main_x = first.main_norm(first.main_proj(linear_input(self.args, main_hidden)))
+        main_x = first.main_norm(fp8_linear(self.args, first.main_proj,
+                                             linear_input(self.args, main_hidden)))
         for j, block in enumerate(self.mtp):
             meta = ctx.metadata_for(self.args.n_layers + j)
             kv = block.attn.main_kv(main_x, meta.positions)

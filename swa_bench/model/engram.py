@@ -24,7 +24,7 @@ from torch import nn
 
 from swa_bench.model.forward_context import get_forward_context
 from swa_bench.model.ngram_hash import EngramLayout, hash_layout, ngram_hash_ids
-from swa_bench.model.precision import linear_input
+from swa_bench.model.precision import fp8_linear, linear_input
 
 if TYPE_CHECKING:
     from swa_bench.model.args import ModelArgs
@@ -98,7 +98,7 @@ class Engram(nn.Module):
         return tuple(torch.cat(chunk) for chunk in zip(*parts, strict=True))
 
     def lookup(self, streams: Streams, ids: torch.Tensor) -> Streams:
-        kv = self.wkv(linear_input(self.args, self.embed(ids).flatten(1)))
+        kv = fp8_linear(self.args, self.wkv, linear_input(self.args, self.embed(ids).flatten(1)))
         value = kv[:, self.hc * self.dim :].float()
         weight = self.q_weight.float() * self.k_weight.float()  # only ever used as a product
         out = []

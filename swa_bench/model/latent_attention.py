@@ -5,7 +5,6 @@ source also owns its compressor (``model.compressor``): its compressed KV and in
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.kernels import fused_latents, norm_latents
@@ -17,7 +16,14 @@ from swa_bench.model.forward_context import active_kernels, get_forward_context
 from swa_bench.model.graph_breaks import eager_break
 from swa_bench.model.key_sources import GlobalKV
 from swa_bench.model.norm import RMSNorm
-from swa_bench.model.precision import compressed_kv, index_vectors, linear_input, window_kv
+from swa_bench.model.precision import (
+    compressed_kv,
+    fp8_linear,
+    fp8_matmul,
+    index_vectors,
+    linear_input,
+    window_kv,
+)
 from swa_bench.model.rope import RopeSpec, apply_rope, rope_table
 from swa_bench.model.sparse_attention import CandidateBlocks, IndexQuery, Selection, select
 
@@ -78,7 +84,8 @@ class Attention(nn.Module):
         picks among ``within`` (S's candidate blocks of these rows) with candidates on."""
         n_index, d_index = self.args.index_n_heads, self.args.index_head_dim
         args = self.args
-        q = self.wq_index(linear_input(args, q_latent)).view(q_latent.shape[0], n_index, d_index)
+        q = fp8_linear(args, self.wq_index, linear_input(args, q_latent))
+        q = q.view(q_latent.shape[0], n_index, d_index)
         q = index_vectors(args, self.rope(q, positions, self.index_rope_dim, inplace=True))
         source = args.kv_source_for(self.layer)
         if not args.candidates or self.layer < args.last_kv_source:
@@ -106,11 +113,13 @@ class Attention(nn.Module):
         kernels = active_kernels()
         x_in = linear_input(args, x)
         if not fused_latents(kernels, x, args.q_lora_rank, args.head_dim):
-            return self.q_norm(self.wq_a(x_in)), self.project_kv(x, x_in)
+            return self.q_norm(fp8_linear(args, self.wq_a, x_in)), self.project_kv(x, x_in)
         positions = get_forward_context().attn_metadata.positions
         cos_table, sin_table = rope_table(x.device, self.rope_spec)
         q_latent, kv, _ = norm_latents(
-            kernels, F.linear(x_in, self.stacked_latent_weight()), args.q_lora_rank,
+            kernels, fp8_matmul(args, x_in, self.stacked_latent_weight(), self,
+                                "_stacked_latent_fp8", (self.wq_a.weight, self.wkv.weight)),
+            args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),
             positions, cos_table, sin_table, args.rope_dim)
         self.store_kv(x)
@@ -130,7 +139,7 @@ class Attention(nn.Module):
         fp8 GEMM reads it, when the caller has it."""
         positions = get_forward_context().attn_metadata.positions
         x_in = linear_input(self.args, x) if x_in is None else x_in
-        kv = self.rope(self.kv_norm(self.wkv(x_in)), positions, inplace=True)
+        kv = self.rope(self.kv_norm(fp8_linear(self.args, self.wkv, x_in)), positions, inplace=True)
         self.store_kv(x)
         return window_kv(self.args, kv)
 
@@ -156,11 +165,13 @@ class Attention(nn.Module):
     def publish_selection(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """S's indexer on every row of the batch (its attention input ``x``): its top-k and, with
         two-level candidates, its candidate blocks, published in the current context."""
-        return index_publication(self.q_norm(self.wq_a(linear_input(self.args, x))),
+        q_latent = self.q_norm(fp8_linear(self.args, self.wq_a, linear_input(self.args, x)))
+        return index_publication(q_latent,
                                  self.index_weights(x), self.layer, self)
 
     def project_q(self, q_latent: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q = self.wq_b(linear_input(self.args, q_latent)).view(-1, self.n_heads, self.head_dim)
+        q = fp8_linear(self.args, self.wq_b, linear_input(self.args, q_latent))
+        q = q.view(-1, self.n_heads, self.head_dim)
         return self.rope(q, positions, inplace=True)
 
     def rope(
@@ -182,7 +193,7 @@ class Attention(nn.Module):
         if kv is None:
             q_latent, kv = self.project_latents(x)
         else:
-            q_latent = self.q_norm(self.wq_a(linear_input(self.args, x)))
+            q_latent = self.q_norm(fp8_linear(self.args, self.wq_a, linear_input(self.args, x)))
         weights = None if self.indexes_before_cut else self.index_weights(x)
         return self.project_out(attention_op(q_latent, kv, weights, self.layer, self))
 
@@ -194,11 +205,11 @@ class Attention(nn.Module):
         rows, groups = o.shape[0], self.args.o_groups
         grouped = o.reshape(rows, groups, self.wo_a.shape[1]).transpose(0, 1)
         if torch.is_grad_enabled() and (o.requires_grad or self.wo_a.requires_grad):
-            return self.wo_b(linear_input(
+            return fp8_linear(self.args, self.wo_b, linear_input(
                 self.args, torch.bmm(grouped, self.wo_a).transpose(0, 1).flatten(1)))
         low = o.new_empty(rows, groups, self.wo_a.shape[2])  # bmm writes it through a view
         torch.bmm(grouped, self.wo_a, out=low.transpose(0, 1))
-        return self.wo_b(linear_input(self.args, low.flatten(1)))
+        return fp8_linear(self.args, self.wo_b, linear_input(self.args, low.flatten(1)))
 
 
 @eager_break("attention", writes_out=True)

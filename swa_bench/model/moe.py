@@ -28,7 +28,7 @@ from swa_bench.kernels import (
 )
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import active_kernels
-from swa_bench.model.precision import expert_input, linear_input
+from swa_bench.model.precision import expert_input, fp8_linear, is_fp8, linear_input
 
 GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
 
@@ -253,14 +253,15 @@ class MoE(nn.Module):
         if self.shared_w13 is None:
             return None
         limit = self.swiglu_limit
-        if fused is not None and not native_grouped_mm(x_in):  # GEMM and SwiGLU in one launch
+        fp8 = is_fp8(self.args) and active_kernels().fp8_linears(x_in)  # fp8_gemm, then SwiGLU
+        if fused is not None and not native_grouped_mm(x_in) and not fp8:  # one launch
             a = expert_gemm(fused, x_in, self.shared_w13.weight[None], None, None, swiglu=True,
                             limit=limit)
         elif fused is not None:
-            a = silu_mul(fused, self.shared_w13(x_in), limit)
+            a = silu_mul(fused, fp8_linear(self.args, self.shared_w13, x_in), limit)
         else:
-            a = swiglu(self.shared_w13(x_in), limit)
-        return self.shared_w2(linear_input(self.args, a))
+            a = swiglu(fp8_linear(self.args, self.shared_w13, x_in), limit)
+        return fp8_linear(self.args, self.shared_w2, linear_input(self.args, a))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert runs first: the routed experts' combine adds its output."""

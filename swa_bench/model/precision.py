@@ -11,7 +11,8 @@ release's ``dtype "fp8"`` and ``expert_dtype "fp4"`` (inference/model.py at dba1
   (``act_quant``) before ``fp8_gemm``; here the weights are quantised once at build
   (``quantise_weights``: the stored values, exact in bf16) and the input by ``linear_input``, so
   a bf16 GEMM with fp32 sums computes the fp8 GEMM's products exactly and differs from it only in
-  the order of the fp32 sums;
+  the order of the fp32 sums (the kernel choice ``quantised_gemm: fp8`` runs them on fp8 tensor
+  cores instead: ``fp8_linear``, ``kernels.fp8_gemm``);
 * routed experts hold e2m1 weights with a UE8M0 scale per 32 along K; ``fp4_gemm`` reads fp8
   inputs per 32 ("w4a8"; ``expert_input``), or, as Hopper engines run them (vLLM's Marlin W4A16),
   bf16 inputs against the same weights ("w4a16");
@@ -36,20 +37,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from swa_bench.kernels import group_quant, quant
+from swa_bench.kernels import fp8_gemm, group_quant, quant
+from swa_bench.model.derived import derived_from_weights
 from swa_bench.model.forward_context import active_kernels
 
 if TYPE_CHECKING:
-    from torch import nn
-
+    from swa_bench.kernels import Kernels
     from swa_bench.model.args import ModelArgs
 
 # The reference's fp8 Linears, by parameter name (the last two parts): their weights are e4m3
 # per 32x32 block, their inputs per 32.
-# What computes the fp8/fp4 GEMMs (recorded with the kernels of each case): the model dtype's
-# GEMMs of the stored values, the release's numerics at the cost of bf16 (no fp8 tensor cores yet).
+# What computes the fp8/fp4 GEMMs (recorded with the kernels of each case): by default the model
+# dtype's GEMMs of the stored values, the release's numerics at the cost of bf16; with the kernel
+# choice ``quantised_gemm: fp8`` the fp8 Linears on fp8 tensor cores (``kernels.fp8_gemm``), the
+# same products in another order of fp32 sums. The routed experts stay bf16 GEMMs of the stored
+# values either way.
 QUANTISED_GEMM = "bf16 GEMMs of the stored fp8/fp4 values"
+FP8_GEMM = "fp8 GEMMs (fp8_gemm) of the fp8 Linears; bf16 GEMMs of the stored fp4 experts"
 
 FP8_LINEARS = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_b.weight",
                "attn.wq_index.weight", "moe.shared_w13.weight", "moe.shared_w2.weight",
@@ -63,9 +70,38 @@ def is_fp8(args: ModelArgs) -> bool:
     return args.precision == "fp8"
 
 
-def quantised_gemm(args: ModelArgs) -> str:
-    """How this model's fp8/fp4 GEMMs run ("-": it has none)."""
-    return QUANTISED_GEMM if is_fp8(args) else "-"
+def quantised_gemm(args: ModelArgs, kernels: Kernels) -> str:
+    """How this model's fp8/fp4 GEMMs run under ``kernels`` ("-": it has none)."""
+    if not is_fp8(args):
+        return "-"
+    return FP8_GEMM if kernels.quantised_gemm == "fp8" else QUANTISED_GEMM
+
+
+def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: torch.Tensor, owner: nn.Module,
+               name: str, sources: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """``x_in @ weight^T`` of one of the reference's fp8 Linears (``x_in``: ``linear_input``'s
+    result, ``weight`` the stored values). Where the engine chose the fp8 GEMM
+    (``Kernels.fp8_linears``): ``kernels.fp8_gemm`` on the weight's e4m3 operand, encoded once
+    and kept on ``owner`` as ``name`` until the weight (or the parameters it is derived from,
+    ``sources``) changes, and ``x_in``'s (``act_quant`` is idempotent: the same codes and
+    scales as the unquantised input's). Else the model dtype's
+    GEMM of the same values. Both multiply the same values exactly; only the order of the fp32
+    sums differs, and neither depends on the batch."""
+    kernels = active_kernels()
+    if not (is_fp8(args) and kernels.fp8_linears(x_in, weight)):
+        return F.linear(x_in, weight)
+    operand = derived_from_weights(owner, name, sources or (weight,),
+                                   lambda: fp8_gemm.weight_operand(weight))
+    return fp8_gemm.fp8_gemm(kernels, fp8_gemm.activation_operand(kernels, x_in), operand,
+                             out_dtype=x_in.dtype)
+
+
+def fp8_linear(args: ModelArgs, linear: nn.Linear, x_in: torch.Tensor) -> torch.Tensor:
+    """``linear(x_in)`` for one of the reference's fp8 Linears (``fp8_matmul``); the module is
+    called (its hooks see ``x_in``) unless the fp8 GEMM runs."""
+    if is_fp8(args) and active_kernels().fp8_linears(x_in, linear.weight):
+        return fp8_matmul(args, x_in, linear.weight, linear, "_fp8_weight")
+    return linear(x_in)
 
 
 def linear_input(args: ModelArgs, x: torch.Tensor) -> torch.Tensor:

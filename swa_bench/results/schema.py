@@ -173,8 +173,9 @@ class KernelRecord(_Strict):
     tile: str  # the attention kernel's "block_n,block_dv,num_warps,num_stages", "auto"; "-": torch
     launch: str  # direct or triton; "-" on the PyTorch path
     interpret: bool  # Triton's interpreter ran the kernels (CPU tensors)
-    # How the fp8/fp4 GEMMs ran under precision fp8 (``model.precision.QUANTISED_GEMM``); "-":
-    # none (bf16), or an older results file.
+    # How the fp8/fp4 GEMMs ran under precision fp8 (``model.precision.QUANTISED_GEMM``, or
+    # ``FP8_GEMM`` with the kernel choice quantised_gemm fp8); "-": none (bf16), or an older
+    # results file.
     quantised_gemm: str = "-"
 
 

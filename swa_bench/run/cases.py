@@ -76,7 +76,8 @@ def kernel_record(case: Case, device: torch.device) -> KernelRecord:
     """The kernels ``case`` runs on ``device``, as its result records them (the one place: a
     resumed run compares its finished cases' records with this)."""
     kernels = resolve_kernels(case.engine_config().kernels, device.type)
-    return KernelRecord(**kernels.record(), quantised_gemm=quantised_gemm(case.model_args()))
+    return KernelRecord(**kernels.record(),
+                        quantised_gemm=quantised_gemm(case.model_args(), kernels))
 
 
 def resolve_device(scenario: Scenario) -> torch.device:

@@ -359,12 +359,15 @@ class KernelsSpec(_Strict):
     """Which kernels the case runs (``swa_bench.kernels.KernelSettings``): ``backend`` auto (Triton
     on CUDA, PyTorch elsewhere), torch or triton; ``tile`` the attention kernel's
     ``"block_n,block_dv,num_warps,num_stages"``; ``launch`` direct or triton (Triton's own call
-    path). An omitted key takes the environment's (``SWA_BENCH_KERNELS``, ``SWA_BENCH_MQA_TILE``,
-    ``SWA_BENCH_TRITON_LAUNCH``), else auto, the measured tiles, direct."""
+    path); ``quantised_gemm`` bf16 (GEMMs of the stored values) or fp8 (the fp8 tensor-core
+    kernel for precision fp8's fp8 Linears; triton backend). An omitted key takes the
+    environment's (``SWA_BENCH_KERNELS``, ``SWA_BENCH_MQA_TILE``, ``SWA_BENCH_TRITON_LAUNCH``,
+    ``SWA_BENCH_QUANTISED_GEMM``), else auto, the measured tiles, direct, bf16."""
 
     backend: Literal["auto", "torch", "triton"] | None = None
     tile: str | None = None
     launch: Literal["direct", "triton"] | None = None
+    quantised_gemm: Literal["bf16", "fp8"] | None = None
 
     @field_validator("tile")
     @classmethod
@@ -377,7 +380,8 @@ class KernelsSpec(_Strict):
         """These settings, each omitted one taken from ``default``."""
         return KernelSettings(self.backend or default.backend,
                               TileConfig.parse(self.tile) if self.tile else default.tile,
-                              self.launch or default.launch)
+                              self.launch or default.launch,
+                              self.quantised_gemm or default.quantised_gemm)
 
 
 class Sweep(_Strict):
