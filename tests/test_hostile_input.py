@@ -253,7 +253,8 @@ def test_an_unusable_out_is_refused_before_the_run(tmp_path, tiny_scenario, wher
 
 @pytest.mark.parametrize(("variable", "value"), [("SWA_BENCH_KERNELS", "cuda"),
                                                  ("SWA_BENCH_MQA_TILE", "64,0,8"),
-                                                 ("SWA_BENCH_TRITON_LAUNCH", "fast")])
+                                                 ("SWA_BENCH_TRITON_LAUNCH", "fast"),
+                                                 ("SWA_BENCH_QUANTISED_GEMM", "fp9")])
 @pytest.mark.parametrize("command", ["run", "check", "kernels"])
 def test_a_malformed_kernel_setting_is_refused_before_anything_runs(tmp_path, tiny_scenario,
                                                                    variable, value, command):
@@ -454,6 +455,9 @@ def test_a_tampered_checkpoint_is_refused_naming_the_field(tmp_path, what, expec
      "kernels.backend: backend triton needs CUDA (or TRITON_INTERPRET=1)"),
     ("", {"SWA_BENCH_KERNELS": "triton", "TRITON_INTERPRET": "0"},
      "kernels.backend: backend triton (SWA_BENCH_KERNELS) needs CUDA"),
+    ("kernels: {quantised_gemm: fp8}\n", {},
+     "kernels.backend: quantised_gemm fp8 needs the triton backend, and auto resolves to torch"),
+    ("kernels: {quantised_gemm: fp9}\n", {}, "kernels.quantised_gemm: must be one of"),
 ])
 @pytest.mark.parametrize("command", [*COMMANDS, ("check",)])
 def test_what_the_kernels_cannot_run_is_refused_up_front(tmp_path, text, env, expected,
