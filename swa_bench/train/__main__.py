@@ -74,7 +74,7 @@ def _size(n: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     default = TrainConfig()
     p = OneLineParser(prog="python -m swa_bench.train", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=default.seed)
     p.add_argument("--steps", type=int, default=default.steps)
     p.add_argument("--batch", type=int, default=default.batch)
