@@ -75,7 +75,9 @@ def fp8_gemm_probe(n: int, device: torch.device, rowwise: bool = True):
     (random values cast from bf16, within e4m3's range: zeros run faster), ``b`` column-major as
     it requires (the transpose of a row-major ``[N, K]``), fp32 scales row-wise (``[M, 1]`` and
     ``[1, N]``, what a per-row quantised GEMM reads) or tensor-wise (0-d), bf16 out: the shape
-    of the model's fp8 GEMMs, whose scales are finer (per 32 along K: ``kernels.fp8_gemm``)."""
+    of the model's fp8 GEMMs, whose scales are finer (per 32 along K: ``kernels.fp8_gemm``).
+    Returns the call and its operands ``(a, b, scale_a, scale_b)``: ``scale_a * scale_b * (a @
+    b^T)`` is what it computes."""
     a, b = (t.to(E4M3) for t in _operands(n, device, torch.bfloat16))
     if rowwise:
         scale_a = torch.rand(n, 1, device=device, dtype=torch.float32) + 0.5
@@ -83,8 +85,9 @@ def fp8_gemm_probe(n: int, device: torch.device, rowwise: bool = True):
     else:
         scale_a = torch.tensor(0.75, device=device)
         scale_b = torch.tensor(1.25, device=device)
-    return lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,
+    call = lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,  # noqa: E731
                                     out_dtype=torch.bfloat16)
+    return call, (a, b, scale_a, scale_b)
 
 
 def fp8_gemm_tflops(device: torch.device, *, size: int | None = None) -> float | None:
@@ -98,7 +101,8 @@ def fp8_gemm_tflops(device: torch.device, *, size: int | None = None) -> float |
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         return None
     n = size or GEMM_SIZE["cuda"]
-    call = fp8_gemm_probe(n, device, rowwise=torch.cuda.get_device_capability(device) >= (9, 0))
+    call, _ = fp8_gemm_probe(n, device,
+                             rowwise=torch.cuda.get_device_capability(device) >= (9, 0))
     stats = time_fn(call, device=device, warmup=3, iters=10)
     return 2 * n**3 / (stats.median_ms * 1e-3) / 1e12
 
