@@ -341,7 +341,7 @@ def rates_cell(case: CaseResult) -> str:
 def mfu_peaks(cases: Sequence[CaseResult]) -> str:
     """The measured peaks the cases' MFU is against (their ``mfu_basis``), for the caption
     that explains MFU: ``bfloat16 794 TFLOP/s`` and, where fp8 GEMMs were counted at their own
-    rate, ``fp8 1.48e+03 TFLOP/s (the fp8 Linears' GEMMs)``; where they ran on a device without
+    rate, ``fp8 1480 TFLOP/s for the fp8 Linears' GEMMs``; where they ran on a device without
     an fp8 rate, that they were counted at the dtype's. Empty for results written before."""
     rates: dict[str, float] = {}
     unrated = False
@@ -354,7 +354,7 @@ def mfu_peaks(cases: Sequence[CaseResult]) -> str:
             rates.setdefault("fp8", basis.fp8_tflops)
         unrated |= basis.fp8_tflops is None and any(basis.fp8_gemm_flops.values())
     parts = [f"{name} {fmt_number(rate)} TFLOP/s"
-             + (" (the fp8 Linears' GEMMs under quantised_gemm fp8)" if name == "fp8" else "")
+             + (" for the fp8 Linears' GEMMs under quantised_gemm fp8" if name == "fp8" else "")
              for name, rate in rates.items()]
     if unrated:
         parts.append("fp8 GEMMs without an fp8 rate on this device counted at the dtype's")
