@@ -8,6 +8,10 @@ means the reference path is slower than its FLOPs explain). The FLOP ideal ignor
 bound by reading weights (a few hundred kept rows through layers of 384 experts) cannot reach it.
 The roofline ideal gives each layer the longer of its FLOPs at the GEMM rate and its bytes at the
 copy bandwidth, both measured once per run.
+
+Under precision fp8 with the kernel choice ``quantised_gemm: fp8`` part of a path's FLOPs run on
+fp8 tensor cores (``flop_model.precision_split``), whose peak is about twice bf16's: its MFU is
+then against both rates (``mfu``), the fp8 one measured as the dtype's is (``fp8_gemm_tflops``).
 """
 
 from __future__ import annotations
@@ -62,9 +66,63 @@ def cpu_probe_size(dtype: torch.dtype, threads: int | None = None) -> int:
     return n
 
 
+FP8 = "fp8"  # the fp8 GEMM rate's key beside the dtypes' (``environment.gemm_tflops``)
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_gemm_probe(n: int, device: torch.device, rowwise: bool = True):
+    """A call of one ``n``-cubed fp8 GEMM on ``device``: ``torch._scaled_mm`` of e4m3 operands
+    (random values cast from bf16, within e4m3's range: zeros run faster), ``b`` column-major as
+    it requires (the transpose of a row-major ``[N, K]``), fp32 scales row-wise (``[M, 1]`` and
+    ``[1, N]``, what a per-row quantised GEMM reads) or tensor-wise (0-d), bf16 out: the shape
+    of the model's fp8 GEMMs, whose scales are finer (per 32 along K: ``kernels.fp8_gemm``).
+    Returns the call and its operands ``(a, b, scale_a, scale_b)``: ``scale_a * scale_b * (a @
+    b^T)`` is what it computes."""
+    a, b = (t.to(E4M3) for t in _operands(n, device, torch.bfloat16))
+    if rowwise:
+        scale_a = torch.rand(n, 1, device=device, dtype=torch.float32) + 0.5
+        scale_b = torch.rand(1, n, device=device, dtype=torch.float32) + 0.5
+    else:
+        scale_a = torch.tensor(0.75, device=device)
+        scale_b = torch.tensor(1.25, device=device)
+    call = lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,  # noqa: E731
+                                    out_dtype=torch.bfloat16)
+    return call, (a, b, scale_a, scale_b)
+
+
+def fp8_gemm_tflops(device: torch.device, *, size: int | None = None) -> float | None:
+    """TFLOP/s of a ``size``-cubed fp8 GEMM on ``device``'s fp8 tensor cores, measured as
+    ``gemm_tflops`` measures the dtype's (8192-cubed by default, median of 10 after 3 warm-ups,
+    random data), with row-wise scales (tensor-wise before Hopper, where ``_scaled_mm`` takes
+    no other). None where there are no fp8 tensor cores: a CPU (its ``_scaled_mm``, where there
+    is one, emulates), a GPU before Ada (compute capability 8.9); each path's MFU is then the
+    dtype rate's alone."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        return None
+    n = size or GEMM_SIZE["cuda"]
+    call, _ = fp8_gemm_probe(n, device,
+                             rowwise=torch.cuda.get_device_capability(device) >= (9, 0))
+    stats = time_fn(call, device=device, warmup=3, iters=10)
+    return 2 * n**3 / (stats.median_ms * 1e-3) / 1e12
+
+
 def achieved_tflops(flops: int | float, median_ms: float) -> float:
     """The rate a path achieved: its FLOPs over its median time."""
     return flops / (median_ms * 1e-3) / 1e12
+
+
+def mfu(fp8_flops: int | float, dtype_flops: int | float, median_ms: float,
+        dtype_tflops: float, fp8_tflops: float | None) -> float:
+    """A path's model FLOPs utilisation: the time its FLOPs would take at the measured peaks,
+    ``fp8_flops`` at ``fp8_tflops`` and ``dtype_flops`` at ``dtype_tflops``, over its
+    ``median_ms``. Without fp8 FLOPs it is ``achieved_tflops / dtype_tflops`` to the bit (the
+    fp8 term adds an exact 0.0), the MFU of every path that runs no fp8 GEMM. ``fp8_flops`` with
+    no ``fp8_tflops`` is refused: the caller decides what they are counted at."""
+    if fp8_flops and fp8_tflops is None:
+        raise ValueError("mfu: fp8 FLOPs without an fp8 GEMM rate")
+    at_fp8 = achieved_tflops(fp8_flops, median_ms) / fp8_tflops if fp8_flops else 0.0
+    return achieved_tflops(dtype_flops, median_ms) / dtype_tflops + at_fp8
 
 
 def copy_bandwidth(

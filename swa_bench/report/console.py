@@ -221,8 +221,7 @@ def latency_table(results: RunResults, compact: bool = False) -> Table:
                       _case_verdict(case))
     if stats:
         n = f"n={samples} samples" if samples is not None else "n samples as shown"
-        mfu = ("; MFU: achieved TFLOP/s over the device's measured GEMM rate"
-               if any(c.mfu for c in cases) else "")
+        mfu = f"; {tables.mfu_caption(cases)[:-1]}" if any(c.mfu for c in cases) else ""
         roof = (", under it the roofline ideal (per layer the longer of its FLOPs at the GEMM "
                 "rate and its bytes at the copy bandwidth)"
                 if any(c.roofline_ideal_speedup is not None for c in cases) else "")

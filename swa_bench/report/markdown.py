@@ -68,9 +68,8 @@ def render_markdown(results: RunResults) -> str:
                 "efficiency = speedup / FLOP ideal; roofline ideal = the ratio of the paths' "
                 "roofline times, each layer the longer of its FLOPs at the measured GEMM rate "
                 "and its analytic bytes at the measured copy bandwidth (environment: "
-                "copy_gbytes_per_s); of roofline = speedup / roofline ideal; MFU = achieved "
-                "TFLOP/s / the device's GEMM rate measured in this run (environment: "
-                "gemm_tflops).", ""]
+                "copy_gbytes_per_s); of roofline = speedup / roofline ideal; "
+                + tables.mfu_caption(results.cases), ""]
 
     graphs = tables.graph_rows(results)
     if graphs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,6 +338,40 @@ def rates_cell(case: CaseResult) -> str:
     return " / ".join(parts)
 
 
+def mfu_peaks(cases: Sequence[CaseResult]) -> str:
+    """The measured peaks the cases' MFU is against (their ``mfu_basis``), for the caption
+    that explains MFU: ``bfloat16 794 TFLOP/s`` and, where fp8 GEMMs were counted at their own
+    rate, ``fp8 1480 TFLOP/s for the fp8 Linears' GEMMs``; where they ran on a device without
+    an fp8 rate, that they were counted at the dtype's. Empty for results written before."""
+    rates: dict[str, float] = {}
+    unrated = False
+    for case in cases:
+        basis = case.mfu_basis
+        if basis is None:
+            continue
+        rates.setdefault(basis.dtype, basis.dtype_tflops)
+        if basis.fp8_tflops is not None:
+            rates.setdefault("fp8", basis.fp8_tflops)
+        unrated |= basis.fp8_tflops is None and any(basis.fp8_gemm_flops.values())
+    parts = [f"{name} {fmt_number(rate)} TFLOP/s"
+             + (" for the fp8 Linears' GEMMs under quantised_gemm fp8" if name == "fp8" else "")
+             for name, rate in rates.items()]
+    if unrated:
+        parts.append("fp8 GEMMs without an fp8 rate on this device counted at the dtype's")
+    return "; ".join(parts)
+
+
+def mfu_caption(cases: Sequence[CaseResult]) -> str:
+    """What MFU is and the peaks it is against, one sentence for the reports' captions."""
+    peaks = mfu_peaks(cases)
+    if not peaks:  # results written before the basis was recorded
+        return ("MFU: achieved TFLOP/s over the device's measured GEMM rate (environment: "
+                "gemm_tflops).")
+    return ("MFU: the share of a path's time its FLOPs take at the device's measured GEMM "
+            f"peaks ({peaks}; each case's mfu_basis); without fp8 GEMMs, achieved TFLOP/s "
+            "over the dtype's rate.")
+
+
 def approximation_rows(results: RunResults) -> list[ApproximationRow]:
     rows = []
     for case in results.cases:
@@ -441,7 +476,7 @@ def _environment_value(value: Any) -> str:
     if value is None:
         return MISSING
     if isinstance(value, dict):
-        return ", ".join(f"{k} {fmt_number(v) if isinstance(v, float) else v}"
+        return ", ".join(f"{k} {fmt_number(v) if isinstance(v, float) or v is None else v}"
                          for k, v in value.items()) or MISSING
     return one_line(str(value))
 

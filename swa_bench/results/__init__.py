@@ -27,6 +27,7 @@ from swa_bench.results.schema import (
     Diagnostic,
     HeldOutLoss,
     KernelRecord,
+    MfuBasis,
     ParallelResult,
     PromptResult,
     PromptStep,
@@ -47,8 +48,8 @@ from swa_bench.results.schema import (
 __all__ = [
     "RESULTS_CSV", "RESULTS_JSON", "RUN_OUTPUT_FILES", "SCHEMA_VERSION", "TIMED_PATHS",
     "Approximation", "CaseResult", "CaseStatus", "CaseTiming", "CheckResult", "Diagnostic",
-    "HeldOutLoss", "KernelRecord", "ParallelResult", "PromptResult", "PromptStep", "RankResult",
-    "ResultsError", "RunResults",
+    "HeldOutLoss", "KernelRecord", "MfuBasis", "ParallelResult", "PromptResult", "PromptStep",
+    "RankResult", "ResultsError", "RunResults",
     "RunVerdict",
     "TaskCell", "TaskResults", "ThresholdAdvice", "TimingStats", "Verdict", "atomic_writer",
     "is_stream", "load_results", "overall_verdict", "refuse_run_output", "results_frame",

@@ -179,6 +179,25 @@ class KernelRecord(_Strict):
     quantised_gemm: str = "-"
 
 
+class MfuBasis(_Strict):
+    """What a case's MFU was measured against (issue 28), so a reader can recompute it: for each
+    path, ``mfu = (fp8_flops / fp8_tflops + dtype_flops / dtype_tflops) / 1e12 / (median_ms /
+    1e3)``, the time its FLOPs would take at the measured peaks over its median; without fp8
+    FLOPs, achieved TFLOP/s over the dtype's rate. Absent (None) in results written before."""
+
+    dtype: str  # the model dtype, whose measured GEMM rate ``dtype_flops`` are against
+    dtype_tflops: float
+    # The measured fp8 GEMM rate (environment.gemm_tflops["fp8"]); None: no path ran fp8 GEMMs,
+    # or the device has none (a CPU), where every FLOP is counted at the dtype's rate.
+    fp8_tflops: float | None = None
+    fp8_flops: dict[str, int] = {}  # per path: counted at the fp8 rate (0 without one)
+    dtype_flops: dict[str, int] = {}  # per path: at the dtype rate; fp8 + dtype = ``flops``
+    # Per path: the analytic FLOPs of the fp8 Linears that ran on fp8 GEMMs (precision fp8,
+    # quantised_gemm fp8; flop_model.precision_split), whatever rate they were counted at.
+    fp8_gemm_flops: dict[str, int] = {}
+    note: str = ""  # how the split was read, in a line
+
+
 class CaseResult(_Strict):
     case_id: str
     index: int
@@ -205,7 +224,8 @@ class CaseResult(_Strict):
     timing: CaseTiming | None = None
     flops: dict[str, int] = {}
     achieved_tflops: dict[str, float] = {}  # each path's FLOPs over its median time
-    mfu: dict[str, float] = {}  # achieved / the device's GEMM rate measured in this run
+    mfu: dict[str, float] = {}  # the share of each path's time its FLOPs take at the peaks
+    mfu_basis: MfuBasis | None = None  # the peaks and FLOP split it was measured against
     ideal_speedup: float | None = None
     speedup: float | None = None
     efficiency: float | None = None

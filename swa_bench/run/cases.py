@@ -18,12 +18,16 @@ from collections.abc import Callable, Iterator
 import torch
 
 from swa_bench.bench.byte_model import WeightFormats, step_costs
+from swa_bench.bench.flop_model import precision_split
 from swa_bench.bench.measure import FlopCache, TimingSettings, measure_paths
 from swa_bench.bench.prompts import prompt_result, time_prompt
 from swa_bench.bench.roofline import (
+    FP8,
     achieved_tflops,
     copy_bandwidth,
+    fp8_gemm_tflops,
     gemm_tflops,
+    mfu,
     roofline_ms,
 )
 from swa_bench.checks import equivalence, selection
@@ -40,7 +44,7 @@ from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.model import Transformer, build_model
 from swa_bench.model.precision import quantised_gemm
 from swa_bench.model.weights import load_weights
-from swa_bench.results import CaseResult, CaseStatus, CheckResult, KernelRecord
+from swa_bench.results import CaseResult, CaseStatus, CheckResult, KernelRecord, MfuBasis
 from swa_bench.scenario import Case, Scenario, ScenarioError
 from swa_bench.scenario.schema import PromptEntry
 
@@ -99,7 +103,9 @@ class CaseRunner:
         # Data parallel: the timed engines agree each step's route with the other ranks.
         self.agree = agree
         self.flops = FlopCache()
-        self.gemm_tflops: dict[str, float] = {}  # the device's measured GEMM rate, per dtype
+        # The device's measured GEMM rate, per dtype, and its fp8 one (key ``FP8``: None where
+        # it has no fp8 tensor cores) once a case runs fp8 GEMMs.
+        self.gemm_tflops: dict[str, float | None] = {}
         self.copy_gbytes_per_s: dict[str, float] = {}  # and its copy bandwidth, per dtype
         self.full_tasks: dict[str, TaskRun] = {}  # the full prefill's task run, per model+settings
         # Checks that read only the model and a few inputs, not the case's policy or graph mode
@@ -112,6 +118,14 @@ class CaseRunner:
         if dtype not in self.gemm_tflops:
             self.gemm_tflops[dtype] = gemm_tflops(self.device, DTYPES[dtype], threads=threads)
         return self.gemm_tflops[dtype]
+
+    def device_fp8_tflops(self) -> float | None:
+        """This device's fp8 GEMM rate, measured once per run, the first time a case runs fp8
+        GEMMs (precision fp8, ``quantised_gemm: fp8``); None on a device without fp8 tensor
+        cores (a CPU), recorded so."""
+        if FP8 not in self.gemm_tflops:
+            self.gemm_tflops[FP8] = fp8_gemm_tflops(self.device)
+        return self.gemm_tflops[FP8]
 
     def device_bandwidth(self, dtype: str, threads: int | None) -> float:
         """This device's copy bandwidth (GB/s) in ``dtype``, measured once per run: what the
@@ -384,6 +398,34 @@ class CaseRunner:
                                          / result.roofline_ms["replay"])
         result.roofline_efficiency = result.speedup / result.roofline_ideal_speedup
 
+    def mfu_basis(self, case: Case, model: Transformer, inputs: StepInputs,
+                  plans: dict[str, StepPlan], flops: dict[str, int],
+                  engines: dict[str, Engine], peak: float) -> MfuBasis:
+        """Each path's counted FLOPs split by the rate they run at: its fp8 Linears' on fp8
+        GEMMs (the analytic model on the timed step's plan, ``flop_model.precision_split``: none
+        unless precision fp8 with ``quantised_gemm: fp8``) at the fp8 rate, the rest at the
+        dtype's. The fp8 rate is measured only here, when a path runs fp8 GEMMs; on a device
+        without one (a CPU) every FLOP is counted at the dtype rate, today's MFU. A graph step's
+        padded rows are counted by torch's counter, not the model: their fp8 GEMMs go with the
+        dtype's FLOPs (a share of at most the padding, which raises MFU a little)."""
+        fp8_gemm = {name: precision_split(model.args, inputs.requests, plans[name].kept_lens,
+                                          self.device, engines[name].kernels).fp8
+                    for name in engines}
+        rate = self.device_fp8_tflops() if any(fp8_gemm.values()) else None
+        at_fp8 = {name: fp8_gemm[name] if rate is not None else 0 for name in engines}
+        if not any(fp8_gemm.values()):
+            note = "no fp8 GEMMs ran: every FLOP at the dtype's GEMM rate"
+        elif rate is None:
+            note = (f"the fp8 Linears ran fp8 GEMMs, but {self.device.type} has no fp8 GEMM "
+                    "rate: every FLOP at the dtype's GEMM rate")
+        else:
+            note = ("the fp8 Linears' FLOPs (analytic, the timed step's plan) at the fp8 GEMM "
+                    "rate, the rest (counted less those) at the dtype's")
+        return MfuBasis(dtype=case.scenario.dtype, dtype_tflops=peak, fp8_tflops=rate,
+                        fp8_flops=at_fp8,
+                        dtype_flops={name: flops[name] - at_fp8[name] for name in engines},
+                        fp8_gemm_flops=fp8_gemm, note=note)
+
     def measure(self, case: Case, model: Transformer, inputs: StepInputs, result: CaseResult):
         """Both paths in the case's graph mode; every figure from the plan of the timed step."""
         config, t = case.engine_config(), case.scenario.timing
@@ -398,11 +440,14 @@ class CaseRunner:
         result.speedup = m.timing.reference.median_ms / m.timing.replay.median_ms
         result.efficiency = result.speedup / result.ideal_speedup
         peak = self.device_tflops(case.scenario.dtype, t.threads)
+        engines = {"reference": reference, "replay": replay}
+        result.mfu_basis = self.mfu_basis(case, model, inputs, m.plans, m.flops, engines, peak)
+        basis = result.mfu_basis
         for name, stats in (("reference", m.timing.reference), ("replay", m.timing.replay)):
             result.achieved_tflops[name] = achieved_tflops(m.flops[name], stats.median_ms)
-            result.mfu[name] = result.achieved_tflops[name] / peak
-        self.roofline(case, model, inputs, m.plans, result, peak,
-                      {"reference": reference, "replay": replay})
+            result.mfu[name] = mfu(basis.fp8_flops[name], basis.dtype_flops[name],
+                                   stats.median_ms, peak, basis.fp8_tflops)
+        self.roofline(case, model, inputs, m.plans, result, peak, engines)
         plan = m.plans["replay"]
         result.replay_route = plan.reason
         result.replay_capture_sizes = list(config.replay_capture_sizes)

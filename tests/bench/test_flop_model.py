@@ -1,9 +1,14 @@
 """The analytic FLOP model: each formula against counts worked out by hand for a small model,
 then whole steps against torch's counter."""
 
+import re
+
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from swa_bench.bench.flop_model import (
+    SCORES,
     QueryRows,
     attention_core_flops,
     attention_projection_flops,
@@ -14,15 +19,19 @@ from swa_bench.bench.flop_model import (
     hyper_connection_flops,
     indexer_flops,
     kv_write_flops,
+    layer_gemms,
     moe_flops,
+    precision_split,
     step_flops,
 )
-from swa_bench.bench.flops import count_flops
+from swa_bench.bench.flops import EXTRA_FLOP_FORMULAS, count_flops
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import StepInputs
-from swa_bench.model.args import PRESETS, ModelArgs
+from swa_bench.kernels import TORCH_KERNELS, Kernels, KernelSettings
+from swa_bench.model.args import PRESETS, ModelArgs, build_args
 from swa_bench.model.model import build_model
+from swa_bench.model.precision import FP8_LINEARS, weight_format
 from swa_bench.model.requests import RequestSpec
 
 # dim 8, 2 heads x 4, q_lora 6, one output group of rank 3, W = 2, sources 1 (ratio 2) and S = 2,
@@ -121,3 +130,96 @@ def test_step_flops_equal_the_counter(preset, policy):
     assert plan.replays == (policy != "full")
     counted = count_flops(lambda: engine.step(load.requests, load.step_tokens))
     assert step_flops(args, load.requests, plan.kept_lens)["total"] == counted
+
+
+def _fp8_kernels(gemm: str) -> Kernels:
+    return Kernels("triton", interpret=True, quantised_gemm=gemm)
+
+
+ONE_DECODE = [RequestSpec(prompt_len=9, decode=True)]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "v41-mini"])
+def test_every_weight_the_split_names_is_one_of_the_models(preset):
+    """``layer_gemms`` names each GEMM by the parameter that multiplies it, as the model names
+    it (layer and DSpark module indices aside), so ``weight_format`` reads its precision."""
+    args = build_args(preset, {"precision": "fp8"})
+    model, _ = build_model(args, seed=0)
+    params = {re.sub(r"\.\d+\.", ".", name) for name, _ in model.named_parameters()}
+    params |= {"experts.w13", "experts.w2"}  # the routed experts: expert_pools.<i>. / own_
+    requests = [RequestSpec(prompt_len=3 * args.window), RequestSpec(prompt_len=9, decode=True)]
+    gemms = layer_gemms(args, requests, [args.window, 1])
+    names = {w for parts in gemms.values() for part in parts.values() for w in part} - {SCORES}
+    assert names and all(any(p == w or p.endswith("." + w) for p in params) for w in names), (
+        sorted(w for w in names if not any(p == w or p.endswith("." + w) for p in params)))
+    assert {w for w in names if weight_format(w) == "fp8"} >= {
+        "attn.wq_a.weight", "attn.wkv.weight", "attn.wq_b.weight", "attn.wo_b.weight",
+        "moe.shared_w13.weight", "moe.shared_w2.weight"}
+    if preset == "v41-mini":  # the indexer's wq_b, Engram's wkv, DSpark's projections
+        assert {"attn.wq_index.weight", "engram.wkv.weight", "main_proj.weight"} <= names
+        assert {w for w in gemms["dspark"]["dspark"]} == {"main_proj.weight", "attn.wkv.weight"}
+
+
+def test_the_fp8_share_of_one_decode_by_hand():
+    """Tiny at precision fp8 with the fp8 GEMM, one decode row, no replay: in each of its 8
+    layers wq_a 64->32, wq_b 32->4x32, wkv 64->32, wo_b 2x32->64 and one shared expert (w13
+    64->2x32, w2 32->64) on fp8 tensor cores; the routed experts, wo_a, the compressors, the
+    gate, mHC and the head at the dtype rate."""
+    args = build_args("tiny", {"precision": "fp8"})
+    assert (args.dim, args.q_lora_rank, args.n_heads, args.head_dim, args.o_groups,
+            args.o_lora_rank, args.moe_inter_dim, args.n_shared_experts, args.n_layers) == (
+        64, 32, 4, 32, 2, 32, 32, 1, 8)
+    per_layer = (2 * 64 * 32 + 2 * 32 * 128 + 2 * 64 * 32 + 2 * 64 * 64
+                 + 2 * 64 * 64 + 2 * 32 * 64)
+    split = precision_split(args, ONE_DECODE, [1], kernels=_fp8_kernels("fp8"))
+    assert split.fp8 == 8 * per_layer
+    assert split.fp8 + split.dtype == step_flops(args, ONE_DECODE, [1],
+                                                 kernels=_fp8_kernels("fp8"))["total"]
+
+
+@pytest.mark.parametrize(("precision", "kernels", "runs_fp8"), [
+    ("bf16", TORCH_KERNELS, False), ("bf16", _fp8_kernels("fp8"), False),
+    ("fp8", TORCH_KERNELS, False), ("fp8", _fp8_kernels("bf16"), False),
+    ("fp8", _fp8_kernels("fp8"), True)])
+@pytest.mark.parametrize("preset", ["tiny", "v41-mini"])
+def test_the_fp8_share_is_zero_unless_fp8_linears_run_fp8_gemms(preset, precision, kernels,
+                                                               runs_fp8):
+    """Under bf16 everything runs at the dtype rate; under fp8 with the default quantised_gemm
+    bf16 too (bf16 GEMMs of the stored values); with quantised_gemm fp8 exactly the fp8
+    Linears' GEMMs move to the fp8 rate, the routed experts (fp4) and the rest stay."""
+    args = build_args(preset, {"precision": precision, "expert_precision": "w4a8"}
+                      if precision == "fp8" else {})
+    requests = [RequestSpec(prompt_len=3 * args.window), RequestSpec(prompt_len=9, decode=True)]
+    kept = [args.window, 1]
+    split = precision_split(args, requests, kept, kernels=kernels)
+    assert split.fp8 + split.dtype == step_flops(args, requests, kept, kernels=kernels)["total"]
+    fp8_linears = sum(f for parts in layer_gemms(args, requests, kept, kernels=kernels).values()
+                      for part in parts.values() for w, f in part.items()
+                      if w.endswith(FP8_LINEARS))
+    assert fp8_linears > 0
+    assert split.fp8 == (fp8_linears if runs_fp8 else 0)
+
+
+@pytest.mark.slow
+def test_the_fp8_share_equals_the_counters_fp8_gemms(interpreter):
+    """Tiny at precision fp8 through the fp8 GEMM (Triton's interpreter on CPU), a replay step:
+    the FLOPs torch's counter sees in ``swa_bench::fp8_gemm`` are the split's fp8 share; with
+    the default quantised_gemm bf16 the counter sees none, and the share is 0."""
+    args = build_args("tiny", {"precision": "fp8"})
+    model, _ = build_model(args, seed=0)
+    w = args.window
+    load = StepInputs.seeded([RequestSpec(prompt_len=8, decode=True),
+                              RequestSpec(prompt_len=2 * w + 3)], args.vocab_size, 1)
+    for gemm in ("fp8", "bf16"):
+        engine = Engine(model, EngineConfig.for_model(
+            args, policy="bounded", kernels=KernelSettings("triton", quantised_gemm=gemm)))
+        load.fill_context(engine)
+        plan = engine.plan(load.requests)
+        assert plan.replays
+        with torch.no_grad(), FlopCounterMode(display=False,
+                                              custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
+            engine.step(load.requests, load.step_tokens)
+        counted = counter.get_flop_counts()["Global"].get(torch.ops.swa_bench.fp8_gemm, 0)
+        split = precision_split(args, load.requests, plan.kept_lens, kernels=engine.kernels)
+        assert split.fp8 == counted
+        assert (counted > 0) == (gemm == "fp8")

@@ -290,3 +290,22 @@ def test_graph_cases_report_their_captures_and_memory(make_run):
     assert {row[4] for row in _table(render_markdown(off), "Graphs and memory")[2:]} == {"off"}
     html = render_html(results)
     assert '<table id="graphs">' in html and "step in 1024" in html
+
+
+def test_the_mfu_caption_names_the_peaks_it_is_against():
+    from swa_bench.report import tables
+    from swa_bench.results import MfuBasis
+    from tests.report.synthetic import synthetic_run
+
+    results = synthetic_run(error=False)
+    old = tables.mfu_caption(results.cases)  # no basis recorded: the older wording
+    assert "measured GEMM rate (environment: gemm_tflops)" in old
+    results.cases[0].mfu_basis = MfuBasis(dtype="bfloat16", dtype_tflops=794.0,
+                                          fp8_tflops=1480.0, fp8_gemm_flops={"replay": 1})
+    results.cases[1].mfu_basis = MfuBasis(dtype="bfloat16", dtype_tflops=794.0)
+    caption = tables.mfu_caption(results.cases)
+    assert "bfloat16 794 TFLOP/s" in caption
+    assert "fp8 1480 TFLOP/s for the fp8 Linears' GEMMs" in caption
+    assert caption in render_markdown(results)
+    results.cases[0].mfu_basis.fp8_tflops = None  # fp8 GEMMs on a device without the rate
+    assert "counted at the dtype's" in tables.mfu_caption(results.cases)

@@ -212,3 +212,25 @@ def test_a_block_device_is_refused(tmp_path):
     with pytest.raises(OSError, match="block device"):
         write_text_atomic(disk, "not on a disk")
     assert stat.S_ISBLK(os.stat(disk).st_mode) and _no_temp_files(tmp_path)
+
+
+def test_the_mfu_basis_round_trips_and_older_files_read_it_as_not_recorded(tmp_path):
+    from swa_bench.results import MfuBasis
+
+    results = synthetic_run()
+    results.cases[0].mfu_basis = MfuBasis(
+        dtype="bfloat16", dtype_tflops=794.5, fp8_tflops=1480.25,
+        fp8_flops={"reference": 3 * 10**12, "replay": 10**12},
+        dtype_flops={"reference": 5 * 10**12, "replay": 2 * 10**12},
+        fp8_gemm_flops={"reference": 3 * 10**12, "replay": 10**12}, note="both peaks")
+    results.environment["gemm_tflops"] = {"bfloat16": 794.5, "fp8": 1480.25}
+    save_results(tmp_path, results)
+    back = load_results(tmp_path)
+    assert back.cases[0].mfu_basis == results.cases[0].mfu_basis
+    assert back.environment["gemm_tflops"]["fp8"] == 1480.25
+    saved = json.loads((tmp_path / RESULTS_JSON).read_text())
+    for case in saved["cases"]:
+        del case["mfu_basis"]
+    saved["environment"]["gemm_tflops"] = {"bfloat16": 794.5}
+    (tmp_path / RESULTS_JSON).write_text(json.dumps(saved))
+    assert all(c.mfu_basis is None for c in load_results(tmp_path).cases)

@@ -206,3 +206,18 @@ def test_the_command_fails_on_other_kernels_unless_allowed(tmp_path, capsys):
     assert "NOT COMPARABLE" in (tmp_path / "c.md").read_text()
     assert compare_command(base, cur, console=quiet, allow_config_change=True) == 0
     assert "A/B: kernels differ (backend triton -> torch)" in (cur / "compare.md").read_text()
+
+
+def test_a_run_with_mfu_bases_compares_with_one_written_before(tmp_path):
+    """An older results file (no mfu_basis) against a new one: compared as before."""
+    from swa_bench.results import MfuBasis
+
+    current = clean_run(seed=1)
+    for case in current.cases:
+        case.mfu_basis = MfuBasis(dtype="float32", dtype_tflops=0.1, note="no fp8 GEMMs ran",
+                                  fp8_flops={"reference": 0, "replay": 0},
+                                  dtype_flops=dict(case.flops))
+    base_dir, cur_dir = _dirs(tmp_path, clean_run(seed=0), current)
+    console, buffer = _console()
+    assert compare_command(base_dir, cur_dir, gate_timing=False, console=console) == 0
+    assert "OK: 0 regressed" in (cur_dir / "compare.md").read_text()
