@@ -7,9 +7,9 @@ decode steps read the window rings the prefill left, where bounded replay's erro
 prompt runs through the engine of the policy as a serving engine would run it: up to
 ``max_requests`` cold prompts side by side, prefilled in one step or, under ``chunk_size``, in
 chunks of that many tokens (``chunked_prompt.prefill_in_chunks``: chunk ``i`` of each prompt in
-step ``i``, the caches carried), then decode steps. Chunked, each chunk's trimmed rows are
-approximate and the next chunk reads what the last one kept, so bounded replay's error compounds
-from chunk to chunk; final_window's chunks before the prompt's final window keep no rows at all.
+step ``i``, the caches carried), then decode steps. Chunked, each chunk keeps the rows its
+policy gives it (bounded: its own last W; final_window: its rows inside the prompt's final
+window, none before it), and a later chunk's decoder layers read only rows earlier chunks kept.
 """
 
 from __future__ import annotations
