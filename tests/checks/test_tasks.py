@@ -192,3 +192,13 @@ def test_chunk_size_is_recorded_and_graded_against_the_full_prefill_in_the_same_
     with pytest.raises(ValueError, match="would measure the chunking"):
         run_tasks(tiny_model, "bounded", chunked, model_name="seeded", kernels=AUTO,
                   reference=full_whole)
+
+
+def test_a_chunk_not_below_the_prompt_is_one_prefill_step_bitwise(tiny_model):
+    """``prefill_in_chunks`` promises one cold step when the chunk holds the whole prompt: the
+    same bits as the unchunked prefill, under a policy that trims (bounded, 48 rows > W)."""
+    prompts = _recall_prompts(48, seed=5)
+    whole = prefill_logits(_engine(tiny_model, "bounded")[0], prompts)
+    engine, plans = _engine(tiny_model, "bounded")
+    assert torch.equal(prefill_logits(engine, prompts, 64), whole)
+    assert len(plans) == 1 and plans[0].replays
