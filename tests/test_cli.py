@@ -143,6 +143,18 @@ def test_shipped_scenarios_are_what_their_names_promise():
     assert {c.num_tokens() for c in v41} == {16384, 65536}
     assert all(c.trim_threshold() == 768 and c.scenario.dtype == "bfloat16" for c in v41)
     assert not v41[0].scenario.checks.e2.enabled and not v41[0].scenario.checks.e4.enabled
+    # approximation-chunks is approximation with every prompt in chunks of 4 W: the same model,
+    # policies, task prompts and continuation, so the figures compare prompt for prompt
+    whole, chunked = by_name["approximation"], by_name["approximation-chunks"]
+    mini_window = whole.model_args().window
+    assert chunked.model == whole.model and chunked.sweep == whole.sweep
+    assert chunked.checks.tasks.model_dump() == {**whole.checks.tasks.model_dump(),
+                                                 "chunk_size": 4 * mini_window}
+    assert whole.checks.tasks.chunk_size is None
+    (prompt,) = chunked.workload.prompts
+    assert (prompt.length, prompt.chunk_size) == (whole.requests()[0].prompt_len,
+                                                  4 * mini_window)
+    assert chunked.checks.approximation == whole.checks.approximation
     threshold = expand_cases(by_name["threshold-sweep"])
     assert len(threshold) == 14 and threshold[0].trim_threshold() == 33
     assert max(c.num_tokens() for c in threshold) == 4000

@@ -125,6 +125,13 @@ SCENARIOS = [
     ("lora_graphs.yaml", "name: t\ngraph_mode: piecewise\nreplay_capture_sizes: [8, 16]\n"
      "engine: {lora: true}\n" + BASE, "replay_capture_sizes: vLLM runs no replay graphs with "
      "LoRA"),
+    # Task prompts in chunks: a size of nothing, and one that would chunk no prompt (the results
+    # would say chunked while every prompt ran whole).
+    ("tasks_chunk_zero.yaml", "name: t\n" + BASE + "checks: {tasks: {enabled: true, chunk_size: "
+     "0}}\n", "checks.tasks.chunk_size: must be >= 1, got 0"),
+    ("tasks_chunk_whole.yaml", "name: t\n" + BASE + "checks: {tasks: {enabled: true, windows: "
+     "[1, 4], chunk_size: 32}}\n", "checks.tasks.chunk_size: 32 is not below the longest task "
+     "prompt (4 windows of 8 = 32 tokens)"),
     ("binary.yaml", "name: t\n\x00\x01\n", ""),
     ("top_level_list.yaml", "- 1\n- 2\n", "the top level must be a mapping"),
 ]

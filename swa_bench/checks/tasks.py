@@ -4,8 +4,12 @@ Prompts come from ``swa_bench.tasks.data`` (held-out text, seeded): associative 
 fact at a controlled distance from the last token (global KV), copying a pattern inside the last
 window (window KV), and plain held-out text whose continuation is decoded teacher-forced (the
 decode steps read the window rings the prefill left, where bounded replay's error lives). Every
-prompt runs through the engine of the policy as a serving engine would run it: one prefill
-step of up to ``max_requests`` cold prompts, then decode steps.
+prompt runs through the engine of the policy as a serving engine would run it: up to
+``max_requests`` cold prompts side by side, prefilled in one step or, under ``chunk_size``, in
+chunks of that many tokens (``chunked_prompt.prefill_in_chunks``: chunk ``i`` of each prompt in
+step ``i``, the caches carried), then decode steps. Chunked, each chunk keeps the rows its
+policy gives it (bounded: its own last W; final_window: its rows inside the prompt's final
+window, none before it), and a later chunk's decoder layers read only rows earlier chunks kept.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from swa_bench.engine.chunked_prompt import prefill_in_chunks
 from swa_bench.engine.config import EngineConfig
 from swa_bench.engine.engine import Engine
 from swa_bench.engine.step_inputs import decode_requests
@@ -34,6 +39,10 @@ class TaskSettings:
     prompts: int
     continuation: int
     seed: int = 0
+    # Every prompt (recall, copy, held-out text) prefilled in chunks of this many tokens, the
+    # last shorter; None: one prefill step. Part of the settings, so of the key the runner caches
+    # the full prefill's run under: a policy is graded against the full prefill in the same chunks.
+    chunk_size: int | None = None
 
     def recall_distances(self, prompt_len: int) -> list[int]:
         return [d for d in self.distances if 4 <= d <= prompt_len - 1]
@@ -72,12 +81,13 @@ def _batches(items: Sequence, size: int):
         yield items[i : i + size]
 
 
-def _prefill(engine: Engine, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Last-token logits of cold prefills, ``max_requests`` prompts per step."""
+def prefill_logits(engine: Engine, sequences: Sequence[Sequence[int]],
+                   chunk_size: int | None = None) -> torch.Tensor:
+    """Last-token logits of cold prefills of prompts of one length, ``max_requests`` side by
+    side, each batch in one step or in chunks of ``chunk_size`` (its last chunk's logits)."""
     out = []
     for part in _batches(sequences, engine.args.max_requests):
-        requests = [RequestSpec(len(s)) for s in part]
-        out.append(engine.step(requests, [list(s) for s in part]).logits.float().cpu())
+        out.append(prefill_in_chunks(engine, part, chunk_size).logits.float().cpu())
     return torch.cat(out)
 
 
@@ -88,8 +98,9 @@ def _held_out(engine: Engine, length: int, settings: TaskSettings) -> HeldOutLos
             for _ in range(settings.prompts)]
     losses, first = [], []
     for part in _batches(text, engine.args.max_requests):
-        requests = [RequestSpec(length) for _ in part]
-        logits = engine.step(requests, [s[:length] for s in part]).logits.float()
+        requests = [RequestSpec(length) for _ in part]  # the decode rows follow whole prompts
+        logits = prefill_in_chunks(engine, [s[:length] for s in part],
+                                   settings.chunk_size).logits.float()
         step_losses = []
         for k in range(settings.continuation + 1):
             target = torch.tensor([s[length + k] for s in part], device=logits.device)
@@ -108,14 +119,18 @@ def _held_out(engine: Engine, length: int, settings: TaskSettings) -> HeldOutLos
 def run_tasks(model: Transformer, policy: str, settings: TaskSettings, *, model_name: str,
               kernels: KernelSettings, reference: TaskRun | None = None,
               halo_align: int = 1) -> TaskRun:
-    """Every task cell and the held-out loss under ``policy`` (eager engine on ``kernels``).
-    ``reference`` (the full prefill's run) gives each cell's agreement; without it a run is its
-    own reference."""
+    """Every task cell and the held-out loss under ``policy`` (eager engine on ``kernels``), the
+    prompts in ``settings.chunk_size`` chunks. ``reference`` (the full prefill's run, in the same
+    chunks) gives each cell's agreement; without it a run is its own reference."""
+    if reference is not None and reference.results.chunk_size != settings.chunk_size:
+        raise ValueError(f"the reference ran chunks of {reference.results.chunk_size}, this run "
+                         f"{settings.chunk_size}: agreement would measure the chunking, not the "
+                         "policy")
     engine = Engine(model, EngineConfig.for_model(model.args, policy=policy,
                                                   halo_align=halo_align, kernels=kernels))
     cells, predictions = [], {}
     for key, prompts in _prompt_sets(settings, model.args.window):
-        logits = _prefill(engine, [p.tokens for p in prompts])
+        logits = prefill_logits(engine, [p.tokens for p in prompts], settings.chunk_size)
         answers = torch.tensor([p.answer for p in prompts])
         guess = logits.argmax(-1)
         predictions[key] = tuple(guess.tolist())
@@ -128,8 +143,8 @@ def run_tasks(model: Transformer, policy: str, settings: TaskSettings, *, model_
             agreement=sum(a == b for a, b in zip(predictions[key], ref, strict=True))
             / len(prompts)))
     held_out = [_held_out(engine, length, settings) for length in settings.prompt_lens]
-    return TaskRun(TaskResults(policy=policy, model=model_name, cells=cells, held_out=held_out),
-                   predictions)
+    return TaskRun(TaskResults(policy=policy, model=model_name, chunk_size=settings.chunk_size,
+                               cells=cells, held_out=held_out), predictions)
 
 
 def agreement_check(run: TaskResults, *, must_agree: bool) -> CheckResult:

@@ -7,6 +7,11 @@ prompt (``RequestSpec(prompt_len=length, cached_len=i * chunk_size, chunk_size=c
 see it), batched with the decode rows beside it, each one token further per step. Nothing here
 fills a cache but the decode rows' contexts (``fill_context``): every later state is what the
 steps before left.
+
+``chunk_request`` is that step's request, the one rule both users share: ``ChunkedPrompt`` (one
+prompt beside decode rows, the checks and timing of ``workload.prompts``) and
+``prefill_in_chunks`` (several prompts of one length side by side, chunk ``i`` of each in step
+``i``: the task check's prompts, ``checks.tasks``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,50 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from swa_bench.engine.engine import Engine
+from swa_bench.engine.engine import Engine, StepOutput
 from swa_bench.engine.step_inputs import StepInputs
 from swa_bench.model.requests import RequestSpec
+
+
+def num_chunks(length: int, chunk_size: int | None) -> int:
+    """Steps that prefill a prompt of ``length`` tokens (``chunk_size`` None: one)."""
+    return 1 if chunk_size is None else -(-length // chunk_size)
+
+
+def chunk_request(length: int, chunk_size: int | None, i: int) -> RequestSpec:
+    """Chunk ``i``'s request: positions ``[i * chunk_size, min((i + 1) * chunk_size, length))``
+    after ``i * chunk_size`` cached ones. ``prompt_len`` is always the whole prompt (final_window
+    keys its rows to the prompt's end). ``chunk_size`` None is the whole prompt in one cold step,
+    the very request an unchunked prefill runs (``RequestSpec(length)``)."""
+    if not 0 <= i < num_chunks(length, chunk_size):
+        raise IndexError(f"chunk {i} of a prompt of {num_chunks(length, chunk_size)} chunks")
+    if chunk_size is None:
+        return RequestSpec(prompt_len=length)
+    return RequestSpec(prompt_len=length, cached_len=i * chunk_size, chunk_size=chunk_size)
+
+
+def prefill_in_chunks(engine: Engine, prompts: Sequence[Sequence[int]],
+                      chunk_size: int | None,
+                      cache_indices: Sequence[int] | None = None) -> StepOutput:
+    """Prompts of one length, side by side (batch position ``j`` in cache slot
+    ``cache_indices[j]``, default ``j``), prefilled as a scheduler does under chunked prefill:
+    step ``i`` runs chunk ``i`` of every prompt on the caches the steps before left, nothing
+    filled from elsewhere. Returns the last step's output: each prompt's last-token logits in
+    batch order; the caches then hold the whole prompts, ready for decode rows after them
+    (``step_inputs.decode_requests`` of ``RequestSpec(length)``). ``chunk_size`` None (or not
+    below the length) is one cold step, bitwise what an unchunked prefill computes."""
+    lengths = {len(p) for p in prompts}
+    if len(lengths) != 1:
+        raise ValueError(f"prompts side by side share a length (a chunk index per step), got "
+                         f"{sorted(lengths)}")
+    (length,) = lengths
+    out = None
+    for i in range(num_chunks(length, chunk_size)):
+        request = chunk_request(length, chunk_size, i)
+        out = engine.step([request] * len(prompts),
+                          [list(p[request.cached_len : request.seq_len]) for p in prompts],
+                          cache_indices)
+    return out
 
 
 @dataclass(frozen=True)
@@ -59,14 +105,11 @@ class ChunkedPrompt:
 
     @property
     def num_chunks(self) -> int:
-        return -(-self.length // self.chunk_size)
+        return num_chunks(self.length, self.chunk_size)
 
     def step(self, i: int) -> StepInputs:
         """Chunk ``i``'s step: the chunk, then the decode rows at ``decode_context + i``."""
-        if not 0 <= i < self.num_chunks:
-            raise IndexError(f"chunk {i} of a prompt of {self.num_chunks} chunks")
-        chunk = RequestSpec(prompt_len=self.length, cached_len=i * self.chunk_size,
-                            chunk_size=self.chunk_size)
+        chunk = chunk_request(self.length, self.chunk_size, i)
         decodes = [RequestSpec(prompt_len=self.decode_context + i, decode=True)]
         return StepInputs((chunk, *decodes * self.decodes_beside), self.sources.sequences,
                           self.sources.cache_indices)

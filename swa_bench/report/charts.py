@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
 from swa_bench.replay.row_selection import POLICIES
-from swa_bench.report.tables import task_cases
+from swa_bench.report.tables import POLICY_ORDER, prompting, task_cases
 from swa_bench.results import CaseResult, RunResults
 
 _MARKERS = {"bounded": "o", "halo": "s", "full": "^"}
@@ -294,6 +294,9 @@ def task_chart(results: RunResults) -> Chart | None:
         style = dict(color=series_color(case.graph_mode, case.policy),
                      marker=_MARKERS.get(case.policy, "x"),
                      linestyle=_STYLES.get(case.policy, "-."), label=safe_label(case.policy))
+        if case.tasks.chunk_size is not None:  # prompts in chunks: the policy's colour, hollow
+            style.update(markerfacecolor="none", alpha=0.7,
+                         label=safe_label(f"{case.policy}, {prompting(case.tasks.chunk_size)}"))
         for ax, (task, distance) in zip(axes, groups, strict=False):
             cells = sorted((c.prompt_len, c.accuracy) for c in case.tasks.cells
                            if c.task == task and (task == "copy" or c.distance == distance)
@@ -318,12 +321,14 @@ def task_chart(results: RunResults) -> Chart | None:
         ax.set_xlabel("prompt tokens", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
-    _outside_legend(fig, next(ax for ax in axes if ax.has_data()), ncols=len(cases))
+    _outside_legend(fig, next(ax for ax in axes if ax.has_data()),
+                    ncols=min(len(cases), len(POLICY_ORDER)))
     return Chart("tasks", "Task accuracy vs prompt length, per policy",
                  "Trained model: last-token answer accuracy by prompt length (a panel per fact "
                  "distance for recall, which reads the global KV; copy reads the window KV), "
                  "and the teacher-forced held-out loss of the prefill's last token and the "
-                 "decode steps after it, per replay policy.",
+                 "decode steps after it, per replay policy; hollow markers: prompts "
+                 "prefilled in chunks (checks.tasks.chunk_size).",
                  figure_svg(fig, "tasks"), fig)
 
 

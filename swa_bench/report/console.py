@@ -247,19 +247,22 @@ def unstable_warning(results: RunResults) -> str | None:
 
 
 def task_table(results: RunResults) -> Table | None:
-    """Task accuracy per policy: pooled recall and copy accuracy, answers that differ from the
-    full prefill's, held-out loss at the longest prompt."""
+    """Task accuracy per prompting and policy: pooled recall and copy accuracy, answers that
+    differ from the full prefill's, held-out loss at the longest prompt and its change against
+    the full prefill prefilled alike (whole prompts, or the same chunks: ``tables.prompting``)."""
     cases = tables.task_cases(results)
     if not cases:
         return None
     table = _table("Task accuracy (trained model)")
-    longest = max(h.prompt_len for c in cases for h in c.tasks.held_out)
-    for header in ("policy", "recall", "copy", "differ", f"loss@{longest}", "vs full"):
-        table.add_column(header, justify="left" if header == "policy" else "right")
-    full = {h.prompt_len: h.loss for c in cases if c.policy == "full" for h in c.tasks.held_out}
+    longest = max((h.prompt_len for c in cases for h in c.tasks.held_out), default=None)
+    loss_header = "loss" if longest is None else f"loss@{longest}"
+    for header in ("policy", "prompts", "recall", "copy", "differ", loss_header, "vs full"):
+        table.add_column(header, justify="left" if header in ("policy", "prompts") else "right")
+    full = {(c.tasks.chunk_size, h.prompt_len): h.loss for c in cases if c.policy == "full"
+            for h in c.tasks.held_out}
     for case in cases:
-        cells = case.tasks.cells
-        row = [case.policy]
+        cells, chunk = case.tasks.cells, case.tasks.chunk_size
+        row = [case.policy, tables.prompting(chunk)]
         for task in ("recall", "copy"):
             mine = [c for c in cells if c.task == task]
             n = sum(c.prompts for c in mine)
@@ -268,7 +271,8 @@ def task_table(results: RunResults) -> Table | None:
         row.append(f"{sum(round((1 - c.agreement) * c.prompts) for c in cells)}/{total}")
         loss = [h.loss for h in case.tasks.held_out if h.prompt_len == longest]
         row.append(f"{loss[0]:.4f}" if loss else "–")
-        row.append(f"{loss[0] - full[longest]:+.2g}" if loss and longest in full else "–")
+        reference = full.get((chunk, longest))
+        row.append(f"{loss[0] - reference:+.2g}" if loss and reference is not None else "–")
         table.add_row(*(escape(c) for c in row))
     return table
 

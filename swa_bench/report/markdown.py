@@ -135,13 +135,16 @@ def render_markdown(results: RunResults) -> str:
         note = tables.task_note(results)
         loss_policies, loss_rows = tables.held_out_rows(results)
         out += ["## Task accuracy (trained model)", "",
-                md_table(["task", "prompt tokens", "distance", *policies], rows), "",
+                md_table(["prompts", "task", "prompt tokens", "distance", *policies], rows), "",
                 "Accuracy of the prefill's last-token answer; in brackets, the share of prompts "
-                "whose answer equals the full prefill's. Distance: positions from the needed "
-                "fact to the last token (copy: the pattern's span inside the window).", "",
-                md_table(["prompt tokens", *(f"{p} loss" for p in loss_policies)], loss_rows),
+                "whose answer equals the full prefill's. Prompts: prefilled whole (one step) or "
+                "in chunks of N tokens, the caches carried (checks.tasks.chunk_size); each is "
+                "graded against the full prefill prefilled alike. Distance: positions from the "
+                "needed fact to the last token (copy: the pattern's span inside the window).", "",
+                md_table(["prompts", "prompt tokens", *(f"{p} loss" for p in loss_policies)],
+                         loss_rows),
                 "", "Held-out loss: teacher-forced, nats per byte, over the prefill's last "
-                "token and the decode steps after it.", ""]
+                "token (its last chunk's) and the decode steps after it.", ""]
         out += [f"- {line}" for line in note] + ([""] if note else [])
 
     out += ["## Environment", "", md_table(["key", "value"], tables.environment_rows(results)), ""]

@@ -515,45 +515,71 @@ def verdict_line(results: RunResults) -> str:
 POLICY_ORDER = ("full", "halo", "bounded", "final_window", "tail")
 
 
+def prompting(chunk_size: int | None) -> str:
+    """How a case's task prompts were prefilled (``checks.tasks.chunk_size``), in the tables'
+    words: ``whole`` (one prefill step) or ``chunks of N``."""
+    return "whole" if chunk_size is None else f"chunks of {chunk_size}"
+
+
+def prompts_phrase(chunk_size: int | None) -> str:
+    """``prompting`` in a sentence: ``whole prompts``, ``prompts in chunks of N``."""
+    return "whole prompts" if chunk_size is None else f"prompts in chunks of {chunk_size}"
+
+
 def task_cases(results: RunResults) -> list[CaseResult]:
-    """One case per policy with task results (the first of each), full first."""
-    seen: dict[str, CaseResult] = {}
+    """One case per prompting and policy with task results (the first of each): whole prompts
+    first, then by chunk size; full first within each. Figures of whole and chunked prompts are
+    never merged: each is graded against the full prefill prefilled alike."""
+    seen: dict[tuple[int | None, str], CaseResult] = {}
     for case in results.cases:
-        if case.tasks is not None and case.policy not in seen:
-            seen[case.policy] = case
+        key = (case.tasks.chunk_size, case.policy) if case.tasks is not None else None
+        if key is not None and key not in seen:
+            seen[key] = case
     order = {p: i for i, p in enumerate(POLICY_ORDER)}
-    return sorted(seen.values(), key=lambda c: order.get(c.policy, len(order)))
+    return sorted(seen.values(), key=lambda c: (c.tasks.chunk_size is not None,
+                                                c.tasks.chunk_size or 0,
+                                                order.get(c.policy, len(order))))
+
+
+def _policies(cases: list[CaseResult]) -> list[str]:
+    """The policies of ``cases`` in their order, each once (a column per policy)."""
+    return list(dict.fromkeys(c.policy for c in cases))
 
 
 def task_rows(results: RunResults) -> tuple[list[str], list[tuple[str, ...]]]:
-    """(policies, rows): per task, prompt length and distance, each policy's accuracy and, where
-    not full, its agreement with the full prefill's answers."""
+    """(policies, rows): per prompting (``prompting``), task, prompt length and distance, each
+    policy's accuracy and, where not full, its agreement with the full prefill's answers (the
+    full prefill prefilled alike)."""
     cases = task_cases(results)
-    keys: list[tuple[str, int, int]] = []
-    cells: dict[tuple[str, int, int, str], str] = {}
+    keys: list[tuple[int | None, str, int, int]] = []
+    cells: dict[tuple[int | None, str, int, int, str], str] = {}
     for case in cases:
         for c in case.tasks.cells:
-            key = (c.task, c.prompt_len, c.distance)
+            key = (case.tasks.chunk_size, c.task, c.prompt_len, c.distance)
             if key not in keys:
                 keys.append(key)
             agree = "" if case.policy == "full" else f" ({c.agreement:.0%} agree)"
             cells[(*key, case.policy)] = f"{c.accuracy:.0%}{agree}"
-    keys.sort()
-    policies = [c.policy for c in cases]
-    rows = [(task, str(length), str(distance),
-             *(cells.get((task, length, distance, p), MISSING) for p in policies))
-            for task, length, distance in keys]
+    keys.sort(key=lambda k: (k[0] is not None, k[0] or 0, *k[1:]))
+    policies = _policies(cases)
+    rows = [(prompting(chunk), task, str(length), str(distance),
+             *(cells.get((chunk, task, length, distance, p), MISSING) for p in policies))
+            for chunk, task, length, distance in keys]
     return policies, rows
 
 
 def held_out_rows(results: RunResults) -> tuple[list[str], list[tuple[str, ...]]]:
-    """(policies, rows): per prompt length, each policy's teacher-forced held-out loss."""
+    """(policies, rows): per prompting and prompt length, each policy's teacher-forced
+    held-out loss."""
     cases = task_cases(results)
-    lengths = sorted({h.prompt_len for c in cases for h in c.tasks.held_out})
-    loss = {(h.prompt_len, c.policy): h.loss for c in cases for h in c.tasks.held_out}
-    policies = [c.policy for c in cases]
-    rows = [(str(length), *(fmt_number(loss.get((length, p)), 4) for p in policies))
-            for length in lengths]
+    keys = sorted({(c.tasks.chunk_size, h.prompt_len) for c in cases for h in c.tasks.held_out},
+                  key=lambda k: (k[0] is not None, k[0] or 0, k[1]))
+    loss = {(c.tasks.chunk_size, h.prompt_len, c.policy): h.loss
+            for c in cases for h in c.tasks.held_out}
+    policies = _policies(cases)
+    rows = [(prompting(chunk), str(length),
+             *(fmt_number(loss.get((chunk, length, p)), 4) for p in policies))
+            for chunk, length in keys]
     return policies, rows
 
 
@@ -567,25 +593,29 @@ def _pooled(case: CaseResult, task: str | None = None) -> tuple[float, int, int]
 
 
 def task_note(results: RunResults) -> list[str]:
-    """What each policy changed against the full prefill, in numbers (one line per policy)."""
+    """What each policy changed against the full prefill prefilled alike (whole prompts, or the
+    same chunks), in numbers: one line per prompting and policy."""
     cases = task_cases(results)
-    full = next((c for c in cases if c.policy == "full"), None)
-    if full is None:
-        return []
-    acc_f = {t: _pooled(full, t)[0] for t in ("recall", "copy")}
-    loss_f = {h.prompt_len: h.loss for h in full.tasks.held_out}
     lines = []
     for case in cases:
-        if case.policy == "full":
+        chunk = case.tasks.chunk_size
+        full = next((c for c in cases if c.policy == "full" and c.tasks.chunk_size == chunk),
+                    None)
+        if case.policy == "full" or full is None:
             continue
+        acc_f = {t: _pooled(full, t)[0] for t in ("recall", "copy")}
+        loss_f = {h.prompt_len: h.loss for h in full.tasks.held_out}
         _, differ, total = _pooled(case)
         acc = {t: _pooled(case, t)[0] for t in ("recall", "copy")}
         losses = [(h.prompt_len, h.loss, loss_f.get(h.prompt_len)) for h in case.tasks.held_out]
-        worst = max((x for x in losses if x[2] is not None), key=lambda x: abs(x[1] - x[2]))
+        worst = max((x for x in losses if x[2] is not None), key=lambda x: abs(x[1] - x[2]),
+                    default=None)
+        loss = ("" if worst is None else
+                f"; held-out loss after a {worst[0]}-token prompt {worst[1]:.5f} nats/byte, "
+                f"{worst[1] - worst[2]:+.2g} vs full (the largest change over the prompt "
+                "lengths)")
         lines.append(
-            f"{case.policy}: {differ}/{total} answers differ from the full prefill's; recall "
-            f"{acc['recall']:.1%} (full {acc_f['recall']:.1%}), copy {acc['copy']:.1%} (full "
-            f"{acc_f['copy']:.1%}); held-out loss after a {worst[0]}-token prompt "
-            f"{worst[1]:.5f} nats/byte, {worst[1] - worst[2]:+.2g} vs full (the largest change "
-            f"over the prompt lengths)")
+            f"{case.policy}, {prompts_phrase(chunk)}: {differ}/{total} answers differ from "
+            f"the full prefill's; recall {acc['recall']:.1%} (full {acc_f['recall']:.1%}), copy "
+            f"{acc['copy']:.1%} (full {acc_f['copy']:.1%}){loss}")
     return lines

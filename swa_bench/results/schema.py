@@ -161,6 +161,10 @@ class HeldOutLoss(_Strict):
 class TaskResults(_Strict):
     policy: str
     model: str  # the weights: a checkpoint's name, or "seeded" for dummy weights
+    # Every task prompt prefilled in chunks of this many tokens (checks.tasks.chunk_size; each
+    # cell's agreement is against the full prefill in the same chunks); None: each prompt in one
+    # prefill step, as every results file written before the setting was.
+    chunk_size: int | None = None
     cells: list[TaskCell] = []
     held_out: list[HeldOutLoss] = []
 

@@ -171,12 +171,15 @@ class CaseRunner:
 
     def tasks(self, case: Case, model: Transformer) -> tuple[TaskRun, CheckResult]:
         """The case policy's task run, graded prompt by prompt against the full prefill's (run
-        once per model and settings)."""
+        once per model and settings). The settings hold the chunk size, so the key does too: the
+        reference is the full prefill in the case's own chunks, and agreement measures what the
+        policy changes, not what chunking does."""
         sc, t = case.scenario, case.scenario.checks.tasks
         window = model.args.window
         settings = TaskSettings(prompt_lens=tuple(w * window for w in t.windows),
                                 distances=tuple(t.distances), prompts=t.prompts,
-                                continuation=sc.task_continuation(), seed=sc.seed)
+                                continuation=sc.task_continuation(), seed=sc.seed,
+                                chunk_size=t.chunk_size)
         name = sc.model.weights or "seeded"
         kernels = case.engine_config().kernels
         key = json.dumps([dataclasses.asdict(settings), sc.halo_align, repr(kernels)])

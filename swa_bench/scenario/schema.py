@@ -313,7 +313,12 @@ class TasksCheck(_Strict):
     """Task accuracy under the case's policy (``swa_bench.checks.tasks``): recall with the fact
     ``distances`` tokens back and copying inside the window, on prompts of ``windows`` x W
     tokens, ``prompts`` per cell, and the held-out text loss over ``continuation`` decode steps
-    (null: W). Halo and full must give the full prefill's answer on every prompt."""
+    (null: W). Halo and full must give the full prefill's answer on every prompt.
+    ``chunk_size``: every prompt prefilled in chunks of that many tokens, the caches carried
+    (null: one prefill step), graded against the full prefill in the same chunks. Every policy
+    plans chunks of any size (bounded keeps all of a chunk of W rows or fewer; E4 checks chunks
+    of W - 1, W and W + 1 against one prefill); a size not below the longest prompt would chunk
+    nothing while the results said chunked, and is refused."""
 
     enabled: bool = False
     windows: Annotated[list[PositiveInt], MinLen(1)] = Field(
@@ -322,6 +327,7 @@ class TasksCheck(_Strict):
         default_factory=lambda: [8, 32, 128, 240])
     prompts: Annotated[int, Ge(1), Le(4096)] = 8
     continuation: PositiveInt | None = None
+    chunk_size: PositiveInt | None = None
 
 
 class Checks(_Strict):
@@ -660,6 +666,14 @@ class Scenario(_Strict):
                      f"{max(tasks.windows)} windows of {args.window} plus "
                      f"{self.task_continuation()} decode steps exceed "
                      f"max_seq_len={args.max_seq_len}")]
+        prompt_len = max(tasks.windows) * args.window
+        if tasks.chunk_size is not None and tasks.chunk_size >= prompt_len:
+            # Every prompt would run in one step, and results labelled chunked would be the
+            # whole-prompt figures.
+            return [(("checks", "tasks", "chunk_size"),
+                     f"{tasks.chunk_size} is not below the longest task prompt "
+                     f"({max(tasks.windows)} windows of {args.window} = {prompt_len} tokens): "
+                     "every prompt would be one chunk; use null for whole prompts")]
         return []
 
     def _prompt_problems(self, args: ModelArgs) -> list[Problem]:

@@ -207,6 +207,60 @@ def test_task_chart_draws_only_what_a_log_axis_can_place(make_run):
     assert chart.svg.startswith("<svg")
 
 
+def _whole_and_chunked_tasks(make_run):
+    """Full and bounded, each on whole prompts and in chunks of 64 (four prompts of 64 tokens),
+    on four cases of the synthetic run: each grade and loss change is against the full prefill
+    prefilled alike."""
+    from swa_bench.results import HeldOutLoss
+
+    results = make_run()
+    figures = [("full", None, 1.0, 1.0, 1.50), ("bounded", None, 0.5, 0.5, 1.60),
+               ("full", 64, 1.0, 1.0, 1.52), ("bounded", 64, 0.25, 0.25, 1.70)]
+    # the chunked cases first in the file: the tables order them, whole prompts first
+    for case, (policy, chunk, accuracy, agreement, loss) in zip(
+            results.cases, figures[2:] + figures[:2], strict=False):
+        case.policy = policy
+        case.tasks = TaskResults(policy=policy, model="v41-mini", chunk_size=chunk, cells=[
+            TaskCell(task="recall", prompt_len=64, distance=8, prompts=4, accuracy=accuracy,
+                     answer_loss=0.1, agreement=agreement)],
+            held_out=[HeldOutLoss(prompt_len=64, prompts=4, continuation=16, loss=loss,
+                                  prefill_loss=loss)])
+    return results
+
+
+def test_task_figures_of_whole_and_chunked_prompts_stay_apart(make_run):
+    """Each table says how the prompts were prefilled (checks.tasks.chunk_size), and no figure
+    of chunked prompts is graded against whole prompts' full prefill or merged with them."""
+    from swa_bench.report import tables
+    from swa_bench.report.console import task_table
+    from tests.report.test_console import rendered
+
+    results = _whole_and_chunked_tasks(make_run)
+    assert [(c.policy, c.tasks.chunk_size) for c in tables.task_cases(results)] == [
+        ("full", None), ("bounded", None), ("full", 64), ("bounded", 64)]
+    assert tables.task_rows(results) == (["full", "bounded"], [
+        ("whole", "recall", "64", "8", "100%", "50% (50% agree)"),
+        ("chunks of 64", "recall", "64", "8", "100%", "25% (25% agree)")])
+    assert tables.held_out_rows(results) == (["full", "bounded"], [
+        ("whole", "64", "1.5", "1.6"), ("chunks of 64", "64", "1.52", "1.7")])
+    note = tables.task_note(results)
+    assert len(note) == 2
+    assert note[0].startswith("bounded, whole prompts: 2/4 answers differ") and "+0.1 vs" in note[0]
+    assert note[1].startswith("bounded, prompts in chunks of 64: 3/4 answers differ")
+    assert "+0.18 vs full" in note[1]
+    console = [line.split() for line in rendered(task_table(results), width=100).splitlines()]
+    assert ["bounded", "chunks", "of", "64", "25.0%", "–", "3/4", "1.7000", "+0.18"] in [
+        [cell for cell in line if cell != "│"] for line in console]
+    md = _table(render_markdown(results), "Task accuracy (trained model)")
+    assert md[0][:4] == ["prompts", "task", "prompt tokens", "distance"]
+    assert ["chunks of 64", "recall", "64", "8", "100%", "25% (25% agree)"] in md
+    html = render_html(results)
+    assert "<td>chunks of 64</td>" in html and "<th>prompts</th><th>task</th>" in html
+    (chart,) = [c for c in all_charts(results) if c.id == "tasks"]
+    legend = [t.get_text() for t in chart.figure.legends[0].texts]
+    assert legend == ["full", "bounded", "full, chunks of 64", "bounded, chunks of 64"]
+
+
 # --- figures no correct measurement gives -------------------------------------------------------
 
 

@@ -77,6 +77,28 @@ def test_the_roofline_figures_round_trip_and_older_files_read_them_as_not_record
                and c.reference_bytes is None and c.roofline_ms == {} for c in old.cases)
 
 
+def test_the_task_chunk_size_round_trips_and_older_files_read_whole_prompts(tmp_path):
+    """checks.tasks.chunk_size is recorded in each case's task results; a file written before
+    the setting (no key) reads as whole prompts, which is what its runs prefilled."""
+    from swa_bench.results import HeldOutLoss, TaskCell, TaskResults
+
+    results = synthetic_run()
+    cell = TaskCell(task="recall", prompt_len=64, distance=8, prompts=2, accuracy=0.5,
+                    answer_loss=1.0, agreement=1.0)
+    held = HeldOutLoss(prompt_len=64, prompts=2, continuation=16, loss=1.5, prefill_loss=1.4)
+    for case, chunk in zip(results.cases[:2], (None, 64), strict=True):
+        case.tasks = TaskResults(policy=case.policy, model="seeded", chunk_size=chunk,
+                                 cells=[cell], held_out=[held])
+    save_results(tmp_path, results)
+    saved = json.loads((tmp_path / RESULTS_JSON).read_text())
+    assert [c["tasks"]["chunk_size"] for c in saved["cases"][:2]] == [None, 64]
+    assert [c.tasks.chunk_size for c in load_results(tmp_path).cases[:2]] == [None, 64]
+    for case in saved["cases"][:2]:
+        del case["tasks"]["chunk_size"]
+    (tmp_path / RESULTS_JSON).write_text(json.dumps(saved))
+    assert [c.tasks.chunk_size for c in load_results(tmp_path).cases[:2]] == [None, None]
+
+
 def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     target = tmp_path / "report.md"
     target.write_text("old")

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from swa_bench.bench.timing import num_threads
 from swa_bench.engine.engine import Engine
 from swa_bench.run.cases import CaseRunner, case_skeleton
 from swa_bench.run.shards import lost_case
@@ -82,3 +83,60 @@ def test_every_case_result_starts_from_one_skeleton(status, error):
     lost = lost_case(case, -9)
     assert lost.model_copy(update={"error": None, "status": "ok"}) == case_skeleton(case, "ok")
     assert lost.error == "its worker process ended with exit code -9"
+
+
+TASKS_IN_CHUNKS = """\
+name: tasks-chunks
+device: cpu
+model: {preset: tiny}
+workload:
+  requests:
+    - {prompt_len: 16}
+checks:
+  e1: {enabled: false}
+  e2: {enabled: false}
+  e3: {enabled: false}
+  e4: {enabled: false}
+  e5: {enabled: false}
+  tasks: {enabled: true, windows: [1, 8], distances: [8], prompts: 2, continuation: 2}
+sweep:
+  grid:
+    checks.tasks.chunk_size: [null, 24]
+    policy: [full, bounded]
+timing: {enabled: false}
+"""
+
+
+def test_each_chunk_size_is_graded_against_the_full_prefill_in_its_own_chunks(monkeypatch):
+    """The runner caches the full prefill's task run by its settings, chunk size among them: a
+    case in chunks of 24 is graded against the full prefill in chunks of 24, one of whole
+    prompts against whole prompts, and each full run happens once."""
+    from swa_bench.checks import tasks as task_checks
+    from swa_bench.run import cases as case_module
+
+    calls = []
+
+    def spy(model, policy, settings, **kwargs):
+        reference = kwargs.get("reference")
+        calls.append((policy, settings.chunk_size,
+                      None if reference is None else reference.results.chunk_size))
+        return task_checks.run_tasks(model, policy, settings, **kwargs)
+
+    monkeypatch.setattr(case_module, "run_tasks", spy)
+    cases = expand_cases(scenario_from_text(TASKS_IN_CHUNKS))
+    runner = CaseRunner(cases[0].scenario)
+    model = runner.model(cases[0])
+    recorded = []
+    with num_threads(1):  # the tiny model's GEMMs: two threads only spin-wait (conftest)
+        for case in cases:
+            run, check = runner.tasks(case, model)
+            recorded.append((case.scenario.policy, run.results.policy, run.results.chunk_size))
+            assert check.passed, check.message
+    assert recorded == [("full", "full", None), ("bounded", "bounded", None),
+                        ("full", "full", 24), ("bounded", "bounded", 24)]
+    assert calls == [("full", None, None), ("bounded", None, None), ("full", 24, None),
+                     ("bounded", 24, 24)]
+    assert len(runner.full_tasks) == 2
+    assert [c.label() for c in cases] == [
+        "eager/full/T=16/chunk_size=null", "eager/bounded/T=16/chunk_size=null",
+        "eager/full/T=16/chunk_size=24", "eager/bounded/T=16/chunk_size=24"]
