@@ -13,8 +13,9 @@ as the oracle. Each output row depends on its own input rows alone: batch-invari
 from __future__ import annotations
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
-from swa_bench.kernels.config import Kernels, next_pow2
+from swa_bench.kernels.config import Kernels, call_op, next_pow2
 from swa_bench.kernels.launch import launch
 
 BLOCK = 1024
@@ -65,32 +66,61 @@ def expert_gemm(kernels: Kernels, x: torch.Tensor, w: torch.Tensor, ends: torch.
     its pair's routing weight). ``scatter``: row ``r`` lands at ``order[r]`` (pair order). One
     launch; no host read of ``ends``, so a captured graph replays each step's routing. ``ends``
     and ``order`` None: ``w [1, N, K]`` for every row of ``x`` (the shared expert's SwiGLU in
-    one launch)."""
-    from swa_bench.kernels import triton_moe
-
+    one launch). A custom op under a dispatch mode, so torch's FLOP counter sees it."""
     dense = order is None
-    rows, (groups, n, k) = x.shape[0] if dense else order.numel(), w.shape
+    groups = w.shape[0]
     if dense and (groups != 1 or top_k or scatter or weights is not None):
         raise ValueError("expert_gemm without order takes one weight, no gather, scatter or "
                          "routing weights")
     if weights is not None and not swiglu:
         raise ValueError("expert_gemm applies routing weights in the SwiGLU epilogue only")
-    n = n // 2 if swiglu else n
     x = x if x.stride(-1) == 1 else x.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
+    return call_op(expert_gemm_op, _expert_gemm, x, w, ends, order,
+                   None if weights is None else weights.contiguous(), top_k, swiglu,
+                   float(limit), scatter, kernels.precision(x.dtype), kernels.direct_launch)
+
+
+def _expert_gemm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor | None,
+                 order: torch.Tensor | None, weights: torch.Tensor | None, top_k: int,
+                 swiglu: bool, limit: float, scatter: bool, precision: str,
+                 direct: bool) -> torch.Tensor:
+    from swa_bench.kernels import triton_moe
+
+    dense = order is None
+    rows, (groups, n, k) = x.shape[0] if dense else order.numel(), w.shape
+    n = n // 2 if swiglu else n
     y = x.new_empty(rows, n)
     weighted = weights is not None
     if rows:
         grid = (-(-rows // GEMM_BLOCK_M), -(-n // GEMM_BLOCK_N))
         launch(triton_moe.grouped_mm_kernel, grid,
             x, x if dense else order, w, x if dense else ends,
-            weights.contiguous() if weighted else x, y, rows, x.stride(0), w.stride(0),
-            w.stride(1), y.stride(0), float(limit), N=n, K=k, G=groups,
+            weights if weighted else x, y, rows, x.stride(0), w.stride(0),
+            w.stride(1), y.stride(0), limit, N=n, K=k, G=groups,
             G_PAD=max(2, next_pow2(groups)), TOP_K=top_k, SWIGLU=swiglu,
             CLAMP=swiglu and limit > 0, WEIGHTED=weighted, SCATTER=scatter, DENSE=dense,
             BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K,
-            PRECISION=kernels.precision(x.dtype), direct=kernels.direct_launch, num_warps=4)
+            PRECISION=precision, direct=direct, num_warps=4)
     return y
+
+
+expert_gemm_op = torch.library.custom_op("swa_bench::expert_gemm", _expert_gemm,
+                                         mutates_args=())
+
+
+@expert_gemm_op.register_fake
+def _(x, w, ends, order, weights, top_k, swiglu, *args):
+    rows = x.shape[0] if order is None else order.numel()
+    return x.new_empty(rows, w.shape[1] // 2 if swiglu else w.shape[1])
+
+
+@register_flop_formula(torch.ops.swa_bench.expert_gemm)
+def _expert_gemm_flop_formula(x_shape, w_shape, ends_shape, order_shape, *args, out_shape=None,
+                              **kwargs) -> int:
+    """Every row meets one expert's whole ``[N, K]`` (gate and up both, under SwiGLU)."""
+    rows = x_shape[0] if order_shape is None else order_shape[0]
+    return 2 * rows * w_shape[1] * w_shape[2]
 
 
 def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int, bias: torch.Tensor,
@@ -100,7 +130,19 @@ def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int, bias: torch.Te
     (int64, highest ``sqrt(softplus(logit)) + bias`` first) and their unbiased scores over the
     scores' sum (+1e-20 for ``top_k > 1``) times ``route_scale`` (fp32), in one launch instead of
     seven. With the gate's weight ``gate [E, dim]`` (where ``gate_in_route``), ``logits`` are the
-    token rows ``[T, dim]`` and the gate's product (fp32 sums) runs in the same launch."""
+    token rows ``[T, dim]`` and the gate's product (fp32 sums) runs in the same launch: a custom
+    op under a dispatch mode, so torch's FLOP counter sees that product."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    if gate is not None:
+        gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    return call_op(moe_route_op, _moe_route, logits, top_k, bias.contiguous(),
+                   float(route_scale), gate, kernels.precision(logits.dtype),
+                   kernels.direct_launch)
+
+
+def _moe_route(logits: torch.Tensor, top_k: int, bias: torch.Tensor, route_scale: float,
+               gate: torch.Tensor | None, precision: str, direct: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     from swa_bench.kernels import triton_moe
 
     rows = logits.shape[0]
@@ -108,17 +150,31 @@ def moe_route(kernels: Kernels, logits: torch.Tensor, top_k: int, bias: torch.Te
     experts = torch.empty(rows, top_k, dtype=torch.long, device=logits.device)
     weights = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     if rows:
-        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
-        if gate is not None:
-            gate = gate if gate.stride(-1) == 1 else gate.contiguous()
         launch(triton_moe.route_kernel, (-(-rows // ROUTE_BLOCK_R),),
-            logits, logits if gate is None else gate, bias.contiguous(), experts, weights, rows,
-            logits.stride(0), 0 if gate is None else gate.stride(0), float(route_scale),
+            logits, logits if gate is None else gate, bias, experts, weights, rows,
+            logits.stride(0), 0 if gate is None else gate.stride(0), route_scale,
             E=n_experts, E_PAD=max(16, next_pow2(n_experts)), TOP_K=top_k,
             K_PAD=max(2, next_pow2(top_k)), BLOCK_R=ROUTE_BLOCK_R, GATED=gate is not None,
-            DIM=logits.shape[1], BLOCK_K=ROUTE_BLOCK_K, PRECISION=kernels.precision(logits.dtype),
-            direct=kernels.direct_launch, num_warps=4)
+            DIM=logits.shape[1], BLOCK_K=ROUTE_BLOCK_K, PRECISION=precision,
+            direct=direct, num_warps=4)
     return experts, weights
+
+
+moe_route_op = torch.library.custom_op("swa_bench::moe_route", _moe_route, mutates_args=())
+
+
+@moe_route_op.register_fake
+def _(logits, top_k, bias, route_scale, gate, *args):
+    rows = logits.shape[0]
+    return (logits.new_empty(rows, top_k, dtype=torch.long),
+            logits.new_empty(rows, top_k, dtype=torch.float32))
+
+
+@register_flop_formula(torch.ops.swa_bench.moe_route)
+def _moe_route_flop_formula(logits_shape, top_k, bias_shape, route_scale, gate_shape, *args,
+                            out_shape=None, **kwargs) -> int:
+    """The gate's product when it runs here (``gate``): 2 T E dim; routing itself is no GEMM."""
+    return 0 if gate_shape is None else 2 * logits_shape[0] * gate_shape[0] * gate_shape[1]
 
 
 def gate_in_route(n_experts: int, dim: int) -> bool:

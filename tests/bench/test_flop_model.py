@@ -132,6 +132,30 @@ def test_step_flops_equal_the_counter(preset, policy):
     assert step_flops(args, load.requests, plan.kept_lens)["total"] == counted
 
 
+def test_the_triton_backend_counts_every_gemm_the_model_does(interpreter):
+    """On the Triton backend torch's counter sees each fused kernel through its custom op's
+    formula: outside attention (whose fused kernel counts the keys it visits, not the PyTorch
+    path's chunks) the count is the analytic model's, the routed and shared experts' grouped
+    GEMM (``expert_gemm``) and the gate inside the routing kernel included (they ran as plain
+    launches the counter missed: a fifth of a tiny step's FLOPs, and fp32 runs on CUDA)."""
+    args = PRESETS["tiny"]
+    model, _ = build_model(args, seed=0)
+    load = StepInputs.seeded([RequestSpec(prompt_len=12), RequestSpec(prompt_len=9, decode=True)],
+                             args.vocab_size, 0)
+    engine = Engine(model, EngineConfig.for_model(args, policy="full",
+                                                  kernels=KernelSettings("triton")))
+    load.fill_context(engine)
+    with torch.no_grad(), FlopCounterMode(display=False,
+                                          custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
+        engine.step(load.requests, load.step_tokens)
+    counts = counter.get_flop_counts()["Global"]
+    assert counts[torch.ops.swa_bench.expert_gemm] > 0 and counts[torch.ops.swa_bench.moe_route]
+    model_flops = step_flops(args, load.requests, engine.plan(load.requests).kept_lens,
+                             kernels=engine.kernels)
+    outside_attention = counter.get_total_flops() - counts[torch.ops.swa_bench.mqa_attention]
+    assert outside_attention == model_flops["total"] - model_flops["attention"]
+
+
 def _fp8_kernels(gemm: str) -> Kernels:
     return Kernels("triton", interpret=True, quantised_gemm=gemm)
 
