@@ -98,9 +98,14 @@ def check_result(
     diagnostics: Iterable[Diagnostic | None],
     tol: Tolerance | None,
     note: str = "",
+    *,
+    enveloped: bool = False,
 ) -> CheckResult:
+    """One check's result from its diagnostics: bitwise where ``tol`` is None, unless the
+    tensors were judged each against its own allowance (``enveloped``: the rounding envelope or
+    a scenario's rtol/atol per tensor, so no one tolerance is recorded)."""
     found = [d for d in diagnostics if d is not None]
-    mode = "bitwise" if tol is None else "tolerance"
+    mode = "bitwise" if tol is None and not enveloped else "tolerance"
     if found:
         worst = max(found, key=lambda d: (d.share, d.max_abs))
         message = (
@@ -109,7 +114,7 @@ def check_result(
             f"max rel {worst.max_rel:.3g} at {worst.worst_index}"
         )
     else:
-        message = f"equal ({mode})"
+        message = "equal (each tensor within its allowance)" if enveloped else f"equal ({mode})"
     if note:
         message = f"{message}; {note}"
     return CheckResult(

@@ -104,7 +104,8 @@ def check_halo_end_state(run: ChunkedRun, prompt: ChunkedPrompt, *,
     note = (f"after {prompt.num_chunks} chunks of {prompt.chunk_size} (prompt {prompt.length}): "
             f"full prefill envelope max abs {max_abs:.3g}, {ratio:.3g} of the allowance")
     return check_result("E2", f"halo chunked prompt == full prefill ({prompt.length}/"
-                              f"{prompt.chunk_size})", env, None, note)
+                              f"{prompt.chunk_size})", env, None, note,
+                        enveloped=True)
 
 
 def prompt_approximation(run: ChunkedRun, prompt: ChunkedPrompt, *, policy: str, halo_align: int,

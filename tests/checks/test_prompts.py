@@ -48,6 +48,8 @@ def test_halo_ends_where_the_full_prefill_does_and_bounded_does_not(tiny_model, 
     halo = prompts.check_halo_end_state(run(tiny_model, prompt, "halo"), prompt)
     assert halo.id == "E2" and halo.passed, halo.message
     assert "after 3 chunks of 48" in halo.message
+    # judged against each tensor's rounding envelope, not bit for bit: its record says so
+    assert halo.mode == "tolerance" and "bitwise" not in halo.message
     bounded = prompts.check_halo_end_state(run(tiny_model, prompt, "bounded"), prompt)
     assert not bounded.passed
     assert any(d.tensor.startswith("full_prefill:ring.") for d in bounded.diagnostics
