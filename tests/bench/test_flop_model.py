@@ -132,30 +132,6 @@ def test_step_flops_equal_the_counter(preset, policy):
     assert step_flops(args, load.requests, plan.kept_lens)["total"] == counted
 
 
-def test_the_triton_backend_counts_every_gemm_the_model_does(interpreter):
-    """On the Triton backend torch's counter sees each fused kernel through its custom op's
-    formula: outside attention (whose fused kernel counts the keys it visits, not the PyTorch
-    path's chunks) the count is the analytic model's, the routed and shared experts' grouped
-    GEMM (``expert_gemm``) and the gate inside the routing kernel included (they ran as plain
-    launches the counter missed: a fifth of a tiny step's FLOPs, and fp32 runs on CUDA)."""
-    args = PRESETS["tiny"]
-    model, _ = build_model(args, seed=0)
-    load = StepInputs.seeded([RequestSpec(prompt_len=12), RequestSpec(prompt_len=9, decode=True)],
-                             args.vocab_size, 0)
-    engine = Engine(model, EngineConfig.for_model(args, policy="full",
-                                                  kernels=KernelSettings("triton")))
-    load.fill_context(engine)
-    with torch.no_grad(), FlopCounterMode(display=False,
-                                          custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
-        engine.step(load.requests, load.step_tokens)
-    counts = counter.get_flop_counts()["Global"]
-    assert counts[torch.ops.swa_bench.expert_gemm] > 0 and counts[torch.ops.swa_bench.moe_route]
-    model_flops = step_flops(args, load.requests, engine.plan(load.requests).kept_lens,
-                             kernels=engine.kernels)
-    outside_attention = counter.get_total_flops() - counts[torch.ops.swa_bench.mqa_attention]
-    assert outside_attention == model_flops["total"] - model_flops["attention"]
-
-
 def _fp8_kernels(gemm: str) -> Kernels:
     return Kernels("triton", interpret=True, quantised_gemm=gemm)
 
@@ -225,25 +201,32 @@ def test_the_fp8_share_is_zero_unless_fp8_linears_run_fp8_gemms(preset, precisio
 
 
 @pytest.mark.slow
-def test_the_fp8_share_equals_the_counters_fp8_gemms(interpreter):
-    """Tiny at precision fp8 through the fp8 GEMM (Triton's interpreter on CPU), a replay step:
-    the FLOPs torch's counter sees in ``swa_bench::fp8_gemm`` are the split's fp8 share; with
-    the default quantised_gemm bf16 the counter sees none, and the share is 0."""
+def test_the_triton_backends_counts_are_the_models_and_its_fp8_share(interpreter):
+    """One replay step of tiny at precision fp8 on the Triton backend with the fp8 GEMM
+    (Triton's interpreter on CPU). Torch's counter sees each fused kernel through its custom
+    op's formula: outside attention (whose fused kernel counts the keys it visits, not the
+    PyTorch path's chunks) its count is the analytic model's, the experts' grouped GEMM
+    (``expert_gemm``) and the gate inside the routing kernel included (plain launches the
+    counter missed until 2026-12-04: a fifth of a tiny step, and fp32 runs on CUDA); and the
+    FLOPs it sees in ``swa_bench::fp8_gemm`` are the split's fp8 share."""
     args = build_args("tiny", {"precision": "fp8"})
     model, _ = build_model(args, seed=0)
     w = args.window
     load = StepInputs.seeded([RequestSpec(prompt_len=8, decode=True),
                               RequestSpec(prompt_len=2 * w + 3)], args.vocab_size, 1)
-    for gemm in ("fp8", "bf16"):
-        engine = Engine(model, EngineConfig.for_model(
-            args, policy="bounded", kernels=KernelSettings("triton", quantised_gemm=gemm)))
-        load.fill_context(engine)
-        plan = engine.plan(load.requests)
-        assert plan.replays
-        with torch.no_grad(), FlopCounterMode(display=False,
-                                              custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
-            engine.step(load.requests, load.step_tokens)
-        counted = counter.get_flop_counts()["Global"].get(torch.ops.swa_bench.fp8_gemm, 0)
-        split = precision_split(args, load.requests, plan.kept_lens, kernels=engine.kernels)
-        assert split.fp8 == counted
-        assert (counted > 0) == (gemm == "fp8")
+    engine = Engine(model, EngineConfig.for_model(
+        args, policy="bounded", kernels=KernelSettings("triton", quantised_gemm="fp8")))
+    load.fill_context(engine)
+    plan = engine.plan(load.requests)
+    assert plan.replays
+    with torch.no_grad(), FlopCounterMode(display=False,
+                                          custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
+        engine.step(load.requests, load.step_tokens)
+    counts = counter.get_flop_counts()["Global"]
+    ops = torch.ops.swa_bench
+    assert counts[ops.expert_gemm] > 0 and counts[ops.moe_route] > 0 and counts[ops.fp8_gemm] > 0
+    model_flops = step_flops(args, load.requests, plan.kept_lens, kernels=engine.kernels)
+    outside_attention = counter.get_total_flops() - counts[ops.mqa_attention]
+    assert outside_attention == model_flops["total"] - model_flops["attention"]
+    split = precision_split(args, load.requests, plan.kept_lens, kernels=engine.kernels)
+    assert split.fp8 == counts[ops.fp8_gemm]
