@@ -405,6 +405,12 @@ def compare_case(key: CaseKey, baseline: CaseResult, current: CaseResult, *,
         mode = {False: "envelope", True: "batch-invariant"}
         warnings.append(f"checks mode differs (E1/E2 vs the full batch: "
                         f"{mode[baseline.batch_invariant]} -> {mode[current.batch_invariant]})")
+    chunking = [None if run.tasks is None else run.tasks.chunk_size for run in (baseline, current)]
+    if baseline.tasks is not None and current.tasks is not None and chunking[0] != chunking[1]:
+        name = {None: "whole"}
+        warnings.append("task prompts differ (" + " -> ".join(
+            name.get(c, f"chunks of {c}") for c in chunking) + "): the tasks check judges "
+            "another prefill")
     if None not in (baseline.replay_route, current.replay_route) and (
             baseline.replay_route != current.replay_route):
         warnings.append(f"route differs ({baseline.replay_route} -> {current.replay_route})")

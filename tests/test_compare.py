@@ -7,6 +7,7 @@ import pytest
 
 from swa_bench.compare import case_key, compare_runs
 from swa_bench.report.comparison import comparison_json, verdict_line
+from swa_bench.results import TaskResults
 from tests.report.synthetic import clean_run, with_kernels
 
 
@@ -409,6 +410,18 @@ def test_checks_in_another_mode_are_named_not_gated():
     row = comparison.rows[0]
     assert ("checks mode differs (E1/E2 vs the full batch: envelope -> batch-invariant)"
             in row.reasons) and not comparison.failed
+
+
+def test_task_prompts_in_other_chunks_are_named():
+    """approximation and approximation-chunks share their case ids: a pair of their runs
+    matches whole prompts with chunked ones, and the row says so."""
+    baseline = clean_run()
+    baseline.cases[0].tasks = TaskResults(policy="bounded", model="v41-mini")
+    current = baseline.model_copy(deep=True)
+    assert not any("task prompts" in r for r in compare_runs(baseline, current).rows[0].reasons)
+    current.cases[0].tasks.chunk_size = 64
+    assert ("task prompts differ (whole -> chunks of 64): the tasks check judges another "
+            "prefill") in compare_runs(baseline, current).rows[0].reasons
 
 
 def test_cases_in_another_precision_are_incomparable():
