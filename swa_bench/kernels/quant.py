@@ -68,7 +68,7 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """``x`` (fp32) on the e2m1 grid, saturating at +-6; ties go to the even code."""
     grid = torch.tensor(_E2M1_GRID, device=x.device)
     mids = (grid[1:] + grid[:-1]) / 2
-    a = x.float().abs().clamp(max=E2M1_MAX)
+    a = x.float().abs().clamp(max=E2M1_MAX).contiguous()  # bucketize copies a strided one
     idx = torch.bucketize(a, mids, right=True)  # a tie rounds up here ...
     tie = (idx > 0) & (a == mids[(idx - 1).clamp(min=0)])
     idx = torch.where(tie & (idx % 2 == 1), idx - 1, idx)  # ... and back down to an even code
