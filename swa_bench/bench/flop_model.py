@@ -89,7 +89,7 @@ def indexer_gemms(
     args: ModelArgs, layer: int, rows: QueryRows, device: torch.device | str = "cpu",
     kernels: Kernels = TORCH_KERNELS,
 ) -> dict[str, int]:
-    """``indexer_flops`` by weight (``GEMMS``' names), the scoring as ``SCORES``."""
+    """``indexer_flops`` by weight (``layer_gemms``' names), the scoring as ``SCORES``."""
     if args.index_source_for(layer) != layer:
         return {}
     heads, d = args.index_n_heads, args.index_head_dim
@@ -112,7 +112,7 @@ def publication_query_flops(args: ModelArgs, num_rows: int) -> int:
 
 
 def attention_projection_gemms(args: ModelArgs, num_rows: int) -> dict[str, int]:
-    """``attention_projection_flops`` by weight (``GEMMS``' names)."""
+    """``attention_projection_flops`` by weight (``layer_gemms``' names)."""
     h_d = args.n_heads * args.head_dim
     return {"attn.wq_a.weight": num_rows * 2 * args.dim * args.q_lora_rank,
             "attn.wq_b.weight": num_rows * 2 * args.q_lora_rank * h_d,
@@ -126,7 +126,7 @@ def attention_projection_flops(args: ModelArgs, num_rows: int) -> int:
 
 
 def kv_write_gemms(args: ModelArgs, layer: int, num_rows: int) -> dict[str, int]:
-    """``kv_write_flops`` by weight (``GEMMS``' names)."""
+    """``kv_write_flops`` by weight (``layer_gemms``' names)."""
     out = {"attn.wkv.weight": num_rows * 2 * args.dim * args.head_dim}
     if layer in args.kv_sources:
         out["attn.compressor.wkv.weight"] = num_rows * 2 * args.dim * args.head_dim
@@ -154,7 +154,7 @@ def hyper_connection_flops(args: ModelArgs, num_rows: int) -> int:
 
 
 def moe_gemms(args: ModelArgs, num_rows: int) -> dict[str, int]:
-    """``moe_flops`` by weight (``GEMMS``' names): gate/up ``w13`` 4 dim inter, down ``w2``
+    """``moe_flops`` by weight (``layer_gemms``' names): gate/up ``w13`` 4 dim inter, down ``w2``
     2 dim inter, for each routed expert a row runs and each shared one."""
     routed, shared = num_rows * args.n_activated_experts, num_rows * args.n_shared_experts
     w13, w2 = 4 * args.dim * args.moe_inter_dim, 2 * args.moe_inter_dim * args.dim
@@ -176,7 +176,7 @@ def engram_flops(args: ModelArgs, num_rows: int) -> int:
 
 
 def dspark_gemms(args: ModelArgs, num_rows: int) -> dict[str, int]:
-    """``dspark_flops`` by weight (``GEMMS``' names; ``dspark.mtp.<i>.``'s)."""
+    """``dspark_flops`` by weight (``layer_gemms``' names; ``dspark.mtp.<i>.``'s)."""
     if not args.dspark_layers:
         return {}
     return {"main_proj.weight": num_rows * 2 * len(args.dspark_target_layers) * args.dim**2,

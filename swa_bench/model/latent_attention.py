@@ -117,7 +117,7 @@ class Attention(nn.Module):
         positions = get_forward_context().attn_metadata.positions
         cos_table, sin_table = rope_table(x.device, self.rope_spec)
         q_latent, kv, _ = norm_latents(
-            kernels, fp8_matmul(args, x_in, self.stacked_latent_weight(), self,
+            kernels, fp8_matmul(args, x_in, self.stacked_latent_weight, self,
                                 "_stacked_latent_fp8", (self.wq_a.weight, self.wkv.weight)),
             args.q_lora_rank,
             (self.q_norm.weight, self.q_norm.eps), (self.kv_norm.weight, self.kv_norm.eps),

@@ -253,7 +253,8 @@ class MoE(nn.Module):
         if self.shared_w13 is None:
             return None
         limit = self.swiglu_limit
-        fp8 = is_fp8(self.args) and active_kernels().fp8_linears(x_in)  # fp8_gemm, then SwiGLU
+        fp8 = is_fp8(self.args) and active_kernels().fp8_linears(  # fp8_gemm, then SwiGLU
+            x_in, self.shared_w13.weight)
         if fused is not None and not native_grouped_mm(x_in) and not fp8:  # one launch
             a = expert_gemm(fused, x_in, self.shared_w13.weight[None], None, None, swiglu=True,
                             limit=limit)

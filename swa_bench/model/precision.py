@@ -34,6 +34,7 @@ as ``kernels.quant``'s PyTorch functions, which the CPU path and training run).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swa_bench.kernels import fp8_gemm, group_quant, quant
-from swa_bench.model.derived import derived_from_weights
+from swa_bench.model.derived import capturing, derived_from_weights
 from swa_bench.model.forward_context import active_kernels
 
 if TYPE_CHECKING:
@@ -77,21 +78,30 @@ def quantised_gemm(args: ModelArgs, kernels: Kernels) -> str:
     return FP8_GEMM if kernels.quantised_gemm == "fp8" else QUANTISED_GEMM
 
 
-def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: torch.Tensor, owner: nn.Module,
-               name: str, sources: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-    """``x_in @ weight^T`` of one of the reference's fp8 Linears (``x_in``: ``linear_input``'s
-    result, ``weight`` the stored values). Where the engine chose the fp8 GEMM
+def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: Callable[[], torch.Tensor],
+               owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``x_in @ weight()^T`` of one of the reference's fp8 Linears (``x_in``: ``linear_input``'s
+    result; ``weight()`` the stored values, a function of the parameters ``sources`` alone, asked
+    for only by the path that multiplies it). Where the engine chose the fp8 GEMM
     (``Kernels.fp8_linears``): ``kernels.fp8_gemm`` on the weight's e4m3 operand, encoded once
-    and kept on ``owner`` as ``name`` until the weight (or the parameters it is derived from,
-    ``sources``) changes, and ``x_in``'s (``act_quant`` is idempotent: the same codes and
-    scales as the unquantised input's). Else the model dtype's
+    and kept on ``owner`` as ``name`` until a source changes, and ``x_in``'s (``act_quant`` is
+    idempotent: the same codes and scales as the unquantised input's). Else the model dtype's
     GEMM of the same values. Both multiply the same values exactly; only the order of the fp32
-    sums differs, and neither depends on the batch."""
+    sums differs, and neither depends on the batch. The encoding checks every value on the host,
+    so it must happen in an eager step before a CUDA graph is captured (the warm-up does it); a
+    capture that finds no operand is refused, not silently broken."""
     kernels = active_kernels()
-    if not (is_fp8(args) and kernels.fp8_linears(x_in, weight)):
-        return F.linear(x_in, weight)
-    operand = derived_from_weights(owner, name, sources or (weight,),
-                                   lambda: fp8_gemm.weight_operand(weight))
+    if not (is_fp8(args) and kernels.fp8_linears(x_in, *sources)):
+        return F.linear(x_in, weight())
+
+    def encode() -> fp8_gemm.Fp8Operand:
+        if capturing(x_in.device):
+            raise RuntimeError(f"{type(owner).__name__}.{name}: the fp8 weight operand is encoded "
+                               "in an eager step (with host checks), not inside a CUDA graph "
+                               "capture: run one eager step first")
+        return fp8_gemm.weight_operand(weight())
+
+    operand = derived_from_weights(owner, name, sources, encode)
     return fp8_gemm.fp8_gemm(kernels, fp8_gemm.activation_operand(kernels, x_in), operand,
                              out_dtype=x_in.dtype)
 
@@ -100,7 +110,8 @@ def fp8_linear(args: ModelArgs, linear: nn.Linear, x_in: torch.Tensor) -> torch.
     """``linear(x_in)`` for one of the reference's fp8 Linears (``fp8_matmul``); the module is
     called (its hooks see ``x_in``) unless the fp8 GEMM runs."""
     if is_fp8(args) and active_kernels().fp8_linears(x_in, linear.weight):
-        return fp8_matmul(args, x_in, linear.weight, linear, "_fp8_weight")
+        return fp8_matmul(args, x_in, lambda: linear.weight, linear, "_fp8_weight",
+                          (linear.weight,))
     return linear(x_in)
 
 

@@ -76,9 +76,9 @@ Loss by step: {curve}.
 
 **Held-out figures under a full prefill** (prompts of {cfg.seq_len} tokens,
 `swa_bench.train.loop.evaluate`, on the shipped held-out text `swa_bench/tasks/held_out.txt.gz`;
-`python -m swa_bench.train.evaluate {path.stem}` prints them again): the held-out loss over
-{prompts} windows of {cfg.seq_len} bytes, text loss **{figures.held_out_loss:.3f} nats/byte**
-(a test reproduces it on CPU); recall
+`python -m swa_bench.train.evaluate {path}` prints them again): the held-out loss over
+{prompts} windows of {cfg.seq_len} bytes, text loss **{figures.held_out_loss:.5f} nats/byte**;
+recall
 accuracy by distance of the fact from the last token (chance 1/64 for a value, 1/3 for a
 guess among the prompt's three facts), the share of recall answers that are some fact's value
 (right or not: the facts were found), and copy accuracy (chance 1/32):

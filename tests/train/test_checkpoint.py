@@ -36,7 +36,9 @@ def test_the_shipped_checkpoint_reproduces_its_cards_held_out_loss():
     prompts, length = (int(_card_figure(r"held-out loss over\s+(\d+)\s+windows")),
                        int(_card_figure(r"windows of\s+(\d+)\s+bytes")))
     g = torch.Generator().manual_seed(EVAL_SEED)
-    assert abs(held_out_loss(model, held_out_windows(prompts, length, g)) - card) <= 1e-3
+    # 2e-5: fp32 sums over 32K bytes in another order on another CPU move the mean by about
+    # 1e-6; the bf16 rounding moved it by 1.0e-4 (the fp32 file, 1.42922, fails)
+    assert abs(held_out_loss(model, held_out_windows(prompts, length, g)) - card) <= 2e-5
 
 
 def test_the_shipped_checkpoint_stores_matrices_in_bf16_and_fits_its_size():
