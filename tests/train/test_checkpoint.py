@@ -5,6 +5,7 @@ loads back, bit for bit."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -81,3 +82,26 @@ def test_evaluate_refuses_bad_input_in_one_line(tmp_path, argv, message):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith(f"python -m swa_bench.train.evaluate: {message}")
     assert out.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_out_writes_the_checkpoint_as_shipped_with_its_own_figures(tmp_path):
+    """``--out``: an fp32 checkpoint (seeded weights, off the bf16 grid) written with its matrices
+    in bf16, its metadata kept, and figures that are the written file's own, to the bit."""
+    model, _ = build_model(build_args("v41-mini"), seed=5)
+    save_weights(model, tmp_path / "fp32.safetensors", {"train_config": "{}"})
+    out = invoke.evaluator(tmp_path, "fp32.safetensors", "--prompts", "1", "--length", "64",
+                           "--out", "shipped.safetensors")
+    assert out.returncode == 0, out.stderr
+    assert "fp32.safetensors as stored in shipped.safetensors" in out.stdout
+    with safe_open(str(tmp_path / "shipped.safetensors"), "pt") as f:
+        meta = f.metadata()
+        assert f.get_slice("layers.0.attn.wkv.weight").get_dtype() == "BF16"
+        assert f.get_slice("head.weight").get_dtype() == "F32"
+    assert meta["train_config"] == "{}" and "model_args" in meta
+    shipped, _ = build_model(build_args("v41-mini"))
+    load_weights(shipped, tmp_path / "shipped.safetensors")
+    g = torch.Generator().manual_seed(EVAL_SEED)
+    assert held_out_loss(shipped, held_out_windows(1, 64, g)) == json.loads(
+        meta["figures"])["held_out_loss"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32.safetensors",
+                                                          "shipped.safetensors"]
