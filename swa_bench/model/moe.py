@@ -28,7 +28,7 @@ from swa_bench.kernels import (
 )
 from swa_bench.model.args import ModelArgs
 from swa_bench.model.forward_context import active_kernels
-from swa_bench.model.precision import expert_input, fp8_linear, is_fp8, linear_input
+from swa_bench.model.precision import expert_input, fp8_linear, linear_input, runs_fp8_gemm
 
 GROUPED_FALLBACK_ELEMENTS = 1 << 28  # outputs of the fallback's dense GEMM per chunk of groups
 
@@ -253,8 +253,7 @@ class MoE(nn.Module):
         if self.shared_w13 is None:
             return None
         limit = self.swiglu_limit
-        fp8 = is_fp8(self.args) and active_kernels().fp8_linears(  # fp8_gemm, then SwiGLU
-            x_in, self.shared_w13.weight)
+        fp8 = runs_fp8_gemm(self.args, x_in, self.shared_w13.weight)  # fp8_gemm, then SwiGLU
         if fused is not None and not native_grouped_mm(x_in) and not fp8:  # one launch
             a = expert_gemm(fused, x_in, self.shared_w13.weight[None], None, None, swiglu=True,
                             limit=limit)

@@ -78,6 +78,12 @@ def quantised_gemm(args: ModelArgs, kernels: Kernels) -> str:
     return FP8_GEMM if kernels.quantised_gemm == "fp8" else QUANTISED_GEMM
 
 
+def runs_fp8_gemm(args: ModelArgs, x_in: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether an fp8 Linear on ``x_in`` with ``weights`` runs ``kernels.fp8_gemm``: precision
+    fp8 and the engine's choice (``Kernels.fp8_linears``). The one place this is decided."""
+    return is_fp8(args) and active_kernels().fp8_linears(x_in, *weights)
+
+
 def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: Callable[[], torch.Tensor],
                owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """``x_in @ weight()^T`` of one of the reference's fp8 Linears (``x_in``: ``linear_input``'s
@@ -90,9 +96,9 @@ def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: Callable[[], torch.T
     sums differs, and neither depends on the batch. The encoding checks every value on the host,
     so it must happen in an eager step before a CUDA graph is captured (the warm-up does it); a
     capture that finds no operand is refused, not silently broken."""
-    kernels = active_kernels()
-    if not (is_fp8(args) and kernels.fp8_linears(x_in, *sources)):
+    if not runs_fp8_gemm(args, x_in, *sources):
         return F.linear(x_in, weight())
+    kernels = active_kernels()
 
     def encode() -> fp8_gemm.Fp8Operand:
         if capturing(x_in.device):
@@ -109,7 +115,7 @@ def fp8_matmul(args: ModelArgs, x_in: torch.Tensor, weight: Callable[[], torch.T
 def fp8_linear(args: ModelArgs, linear: nn.Linear, x_in: torch.Tensor) -> torch.Tensor:
     """``linear(x_in)`` for one of the reference's fp8 Linears (``fp8_matmul``); the module is
     called (its hooks see ``x_in``) unless the fp8 GEMM runs."""
-    if is_fp8(args) and active_kernels().fp8_linears(x_in, linear.weight):
+    if runs_fp8_gemm(args, x_in, linear.weight):
         return fp8_matmul(args, x_in, lambda: linear.weight, linear, "_fp8_weight",
                           (linear.weight,))
     return linear(x_in)
